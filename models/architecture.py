@@ -1,0 +1,171 @@
+"""Model architectures: LLaMA-style decoders, optionally fed by a ViT vision encoder.
+
+Presets ship as JSON files in data/models/ (one per model, Hugging Face field names).
+A user's own `config.json` in the Hugging Face format is read the same way; LLaVA's
+layout (`text_config` + `vision_config`) and Qwen2-VL's (top-level text fields +
+`vision_config`) both work.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
+
+# Short names users type; the README says which model each one means.
+ALIASES = {"7B": "llama-2-7b", "13B": "llama-2-13b", "70B": "llama-2-70b"}
+
+
+class ModelConfigError(ValueError):
+    """A model name or config.json that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class VisionEncoder:
+    """A ViT encoder plus the projector into the LLM. Patch tokens come from image and patch size."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    patch_size: int
+    image_size: int
+    projector_hidden_size: int  # width of the MLP projector's hidden layer
+    spatial_merge: int = 1  # tokens merged per side before the LLM (Qwen2-VL merges 2x2)
+    temporal_patch: int = 1  # frames folded into one patch along time (Qwen2-VL uses 2)
+    gated_mlp: bool = False
+
+    def patches_per_image(self, image_size: int | None = None) -> int:
+        side = (image_size or self.image_size) // self.patch_size
+        return side * side
+
+    def llm_tokens_per_image(self, image_size: int | None = None) -> int:
+        return self.patches_per_image(image_size) // (self.spatial_merge**2)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tie_embeddings: bool = False
+    vision: VisionEncoder | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder block: attention (GQA), SwiGLU MLP, two RMSNorms."""
+        h = self.hidden_size
+        attention = 2 * h * h + 2 * h * self.kv_dim
+        mlp = 3 * h * self.intermediate_size
+        return attention + mlp + 2 * h
+
+    @property
+    def embedding_params(self) -> int:
+        copies = 1 if self.tie_embeddings else 2
+        return copies * self.vocab_size * self.hidden_size
+
+    @property
+    def llm_params(self) -> int:
+        return self.num_layers * self.layer_params + self.embedding_params + self.hidden_size
+
+
+def _require(cfg: dict, key: str, origin: str):
+    if key not in cfg:
+        raise ModelConfigError(f"{origin}: missing key '{key}'")
+    value = cfg[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelConfigError(f"{origin}: key '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def _vision_from_config(cfg: dict, text_hidden: int, origin: str) -> VisionEncoder:
+    where = f"{origin} vision_config"
+    hidden = cfg.get("hidden_size", cfg.get("embed_dim"))
+    if hidden is None:
+        raise ModelConfigError(f"{where}: missing key 'hidden_size'")
+    layers = cfg.get("num_hidden_layers", cfg.get("depth"))
+    if layers is None:
+        raise ModelConfigError(f"{where}: missing key 'num_hidden_layers'")
+    heads = cfg.get("num_attention_heads", cfg.get("num_heads"))
+    if heads is None:
+        raise ModelConfigError(f"{where}: missing key 'num_attention_heads'")
+    return VisionEncoder(
+        hidden_size=int(hidden),
+        num_layers=int(layers),
+        num_heads=int(heads),
+        intermediate_size=int(cfg.get("intermediate_size", 4 * int(hidden))),
+        patch_size=_require(cfg, "patch_size", where),
+        image_size=int(cfg.get("image_size", 336)),
+        projector_hidden_size=int(cfg.get("projector_hidden_size", text_hidden)),
+        spatial_merge=int(cfg.get("spatial_merge_size", 1)),
+        temporal_patch=int(cfg.get("temporal_patch_size", 1)),
+        gated_mlp=bool(cfg.get("gated_mlp", False)),
+    )
+
+
+def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> Architecture:
+    """Build an Architecture from a Hugging Face-style config dict."""
+    if not isinstance(cfg, dict):
+        raise ModelConfigError(f"{origin}: expected a JSON object")
+    text = cfg.get("text_config", cfg)
+    where = f"{origin} text_config" if "text_config" in cfg else origin
+    hidden = _require(text, "hidden_size", where)
+    heads = _require(text, "num_attention_heads", where)
+    kv_heads = text.get("num_key_value_heads", heads)
+    if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
+        raise ModelConfigError(f"{where}: 'num_key_value_heads' must divide num_attention_heads ({heads}), got {kv_heads!r}")
+    if hidden % heads:
+        raise ModelConfigError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+    vision = None
+    if "vision_config" in cfg:
+        vision = _vision_from_config(cfg["vision_config"], hidden, origin)
+    return Architecture(
+        name=name,
+        hidden_size=hidden,
+        num_layers=_require(text, "num_hidden_layers", where),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=_require(text, "intermediate_size", where),
+        vocab_size=_require(text, "vocab_size", where),
+        tie_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+        vision=vision,
+    )
+
+
+def known_presets() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def load_architecture(preset_or_path: str) -> Architecture:
+    """A preset name (`llama-2-7b`, alias `7B`) or the path of a Hugging Face config.json."""
+    path = Path(preset_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.exists():
+            raise ModelConfigError(f"model config not found: {path}")
+        name = path.parent.name if path.name == "config.json" else path.stem
+    else:
+        name = ALIASES.get(preset_or_path, ALIASES.get(preset_or_path.upper(), preset_or_path.lower()))
+        path = MODELS_DIR / f"{name}.json"
+        if not path.exists():
+            aliases = ", ".join(f"{k}={v}" for k, v in ALIASES.items())
+            raise ModelConfigError(
+                f"unknown model '{preset_or_path}'; known presets: {', '.join(known_presets())} (aliases {aliases})"
+            )
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
+    return architecture_from_config(cfg, name=name, origin=str(path))

@@ -1,0 +1,261 @@
+"""Hardware profile: the measured (or datasheet) constants the cost model reads.
+
+A profile is JSON, strictly parsed: unknown keys, missing keys, a wrong unit or an
+unknown schema version fail with a message that names the key. Every constant carries
+its unit and its source, because a prediction is only as honest as the numbers behind it.
+Rates that depend on operation size are curves (log-log interpolated, clamped at the
+measured ends: the model never extrapolates a curve past what was measured).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
+DEFAULT_PROFILE = "gh200"
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message names the file and the bad key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Quantity(_Strict):
+    """One constant with its unit and where it came from."""
+
+    value: float
+    unit: str
+    source: str
+
+
+def _unit(expected: str):
+    def check(q: Quantity) -> Quantity:
+        if q.unit != expected:
+            raise ValueError(f"unit must be '{expected}', got '{q.unit}'")
+        return q
+
+    return AfterValidator(check)
+
+
+Seconds = Annotated[Quantity, _unit("s")]
+Watts = Annotated[Quantity, _unit("W")]
+BytesPerSecond = Annotated[Quantity, _unit("bytes/s")]
+FlopsPerSecond = Annotated[Quantity, _unit("flop/s")]
+ParamsPerSecond = Annotated[Quantity, _unit("params/s")]
+Fraction = Annotated[Quantity, _unit("fraction")]
+GiB = Annotated[Quantity, _unit("GiB")]
+Count = Annotated[Quantity, _unit("count")]
+
+
+class Curve(_Strict):
+    """A rate against an operation size, measured at the points `x`.
+
+    Evaluation interpolates linearly in log(x)-log(y) and clamps outside [x[0], x[-1]].
+    """
+
+    x_unit: str
+    y_unit: str
+    x: list[float]
+    y: list[float]
+    source: str
+
+    @model_validator(mode="after")
+    def _check_points(self) -> "Curve":
+        if len(self.x) != len(self.y) or len(self.x) == 0:
+            raise ValueError("x and y must be non-empty and of equal length")
+        if any(b <= a for a, b in zip(self.x, self.x[1:])):
+            raise ValueError("x must be strictly increasing")
+        if min(self.x) <= 0 or min(self.y) <= 0:
+            raise ValueError("x and y must be positive")
+        return self
+
+    def __call__(self, x: np.ndarray | float) -> np.ndarray:
+        lx = np.log(np.clip(np.asarray(x, dtype=float), self.x[0], self.x[-1]))
+        return np.exp(np.interp(lx, np.log(self.x), np.log(self.y)))
+
+
+def _curve_units(x_unit: str, y_unit: str):
+    def check(c: Curve) -> Curve:
+        if c.x_unit != x_unit or c.y_unit != y_unit:
+            raise ValueError(f"curve units must be '{x_unit}' -> '{y_unit}', got '{c.x_unit}' -> '{c.y_unit}'")
+        return c
+
+    return AfterValidator(check)
+
+
+FlopRateCurve = Annotated[Curve, _curve_units("flop", "flop/s")]
+SeqRateCurve = Annotated[Curve, _curve_units("tokens", "flop/s")]
+BandwidthCurve = Annotated[Curve, _curve_units("bytes", "bytes/s")]
+
+
+class Provenance(_Strict):
+    """Where the numbers came from. `kind` is datasheet, measured, fitted or cpu."""
+
+    kind: Literal["datasheet", "measured", "fitted", "cpu"]
+    date: str
+    machine: str
+    gpu: str
+    driver: str | None
+    cuda: str | None
+    torch: str | None
+    deepspeed: str | None
+    host_cpu: str | None
+    notes: str
+
+
+class GpuSpec(_Strict):
+    name: str
+    memory_gib: GiB
+    # bf16 dense GEMM rate against FLOPs in one GEMM call (2*M*N*K).
+    gemm_bf16: FlopRateCurve
+    # Causal fused attention (SDPA) rate against sequence length, counting causal FLOPs only.
+    attention_fwd_bf16: SeqRateCurve
+    attention_bwd_bf16: SeqRateCurve
+    # Memory-bound elementwise work (norms, activations, residuals, optimizer on GPU).
+    hbm_bandwidth: BytesPerSecond
+    power_cap: Watts
+
+
+class HostSpec(_Strict):
+    cpu: str
+    cores: Count
+    memory_gib: GiB
+    memory_bandwidth: BytesPerSecond
+    link: Literal["pcie", "c2c", "none"]
+    h2d: BandwidthCurve
+    d2h: BandwidthCurve
+    # DeepSpeedCPUAdam throughput using all the host's cores (shared by the node's ranks).
+    cpu_adam: ParamsPerSecond
+
+
+class Collective(_Strict):
+    """Alpha-beta model: time = alpha + bus_factor(op, n) * bytes / bus_bandwidth."""
+
+    alpha: Seconds
+    bus_bandwidth: BytesPerSecond
+    group_size_measured: Count
+
+
+class Network(_Strict):
+    all_reduce: Collective
+    all_gather: Collective
+    reduce_scatter: Collective
+    all_to_all: Collective
+
+
+class Overlap(_Strict):
+    """Contention when streams run concurrently: the fractional slowdown of each."""
+
+    compute_slowdown_with_collective: Fraction
+    compute_slowdown_with_all_to_all: Fraction
+    compute_slowdown_with_copy: Fraction
+    collective_slowdown_with_compute: Fraction
+
+
+class GpuPower(_Strict):
+    """Average GPU board power in each phase."""
+
+    idle: Watts
+    wait: Watts
+    compute: Watts
+    memory_bound: Watts
+    collective: Watts
+    host_copy: Watts
+    overlap: Watts
+
+
+class CpuPower(_Strict):
+    """Host CPU power; `measured` is false when no sensor existed and these are estimates."""
+
+    idle: Watts
+    optimizer: Watts
+    measured: bool
+    sensor: str
+
+
+class Power(_Strict):
+    gpu: GpuPower
+    cpu: CpuPower
+    # "module" when the GPU meter includes the CPU (GH200 NVML): CPU energy then is not added twice.
+    nvml_scope: Literal["gpu", "module"]
+
+
+class Overheads(_Strict):
+    """DeepSpeed's own costs beyond bytes and FLOPs; fitted from short real runs."""
+
+    step: Seconds
+    micro_step: Seconds
+    zero3_module_pass: Seconds
+    offload_step_per_gparam: Seconds
+    compute_efficiency: Fraction
+    comm_efficiency: Fraction
+
+
+class MemorySpec(_Strict):
+    framework_reserved: GiB
+    fragmentation: Fraction
+
+
+class HardwareProfile(_Strict):
+    schema_version: int
+    name: str
+    provenance: Provenance
+    gpus_per_node: Count
+    gpu: GpuSpec
+    host: HostSpec
+    intra_node: Network
+    inter_node: Network
+    overlap: Overlap
+    power: Power
+    overheads: Overheads
+    memory: MemorySpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_version(cls, data):
+        if isinstance(data, dict) and data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(
+                f"unknown schema_version {data.get('schema_version')!r}; this advisor reads {SCHEMA_VERSION}"
+            )
+        return data
+
+    def describe(self) -> str:
+        p = self.provenance
+        return f"{self.name} ({p.kind}, {p.gpu}, {p.date})"
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), indent=2)
+
+
+def parse_profile(data: dict, origin: str = "<dict>") -> HardwareProfile:
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise ProfileError(f"{origin}: bad key '{key}': {first['msg']}") from None
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> HardwareProfile:
+    """Load a shipped profile by name (`gh200`, `h200`) or any profile JSON by path."""
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        path = PROFILES_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+            raise ProfileError(f"unknown profile '{name_or_path}'; shipped profiles: {known}")
+    if not path.exists():
+        raise ProfileError(f"profile file not found: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not valid JSON ({exc})") from None
+    return parse_profile(data, origin=str(path))
