@@ -1,0 +1,233 @@
+"""`advisor`: the command line. `predict` one strategy, `recommend` the best of many.
+
+Imports stay inside the commands so `advisor recommend` starts fast and never imports
+torch or DeepSpeed; calibrate, validate and fit live in their own modules, loaded only
+when called (and left out of the list when their module is not installed).
+Users' mistakes end in one line and a non-zero exit, never a traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+
+import click
+
+from advisor.inputs import (
+    InputError,
+    check_whole_nodes,
+    default_global_batch,
+    parse_count,
+    parse_fraction,
+    parse_gpus,
+    parse_seq,
+    step_global_batch,
+)
+
+DEFAULT_TOKENS = "1B"
+DEFAULT_TRIALS = 300
+LAZY_COMMANDS = {
+    "calibrate": "advisor.cmd_calibrate:calibrate",
+    "wheelhouse": "advisor.cmd_calibrate:wheelhouse",
+    "validate": "advisor.cmd_validate:validate",
+    "fit": "advisor.cmd_fit:fit",
+    "report": "advisor.cmd_fit:report",
+}
+_OUR_PACKAGES = ("models", "advisor", "calibration")
+
+
+class OneLineUsageError(click.ClickException):
+    """A usage mistake shown as one line (click's own shows the usage block first)."""
+
+    exit_code = 2
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    """Our ValueError subclasses (ProfileError, ModelConfigError, ...) carry user-facing messages."""
+    return (isinstance(exc, ValueError) and type(exc) is not ValueError
+            and type(exc).__module__.split(".")[0] in _OUR_PACKAGES)
+
+
+class AdvisorGroup(click.Group):
+    def list_commands(self, ctx):
+        lazy = [n for n, target in LAZY_COMMANDS.items() if _module_exists(target.split(":")[0])]
+        return sorted(set(super().list_commands(ctx)) | set(lazy))
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        if command is not None or name not in LAZY_COMMANDS:
+            return command
+        module, attr = LAZY_COMMANDS[name].split(":")
+        if not _module_exists(module):
+            return None
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            return None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            where = f" (see advisor {ctx.invoked_subcommand} --help)" if ctx.invoked_subcommand else ""
+            raise OneLineUsageError(exc.format_message().replace("\n", " ") + where) from None
+        except Exception as exc:
+            if _is_user_error(exc):
+                raise click.ClickException(" ".join(str(exc).split())) from None
+            raise
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+@click.group(cls=AdvisorGroup)
+def main():
+    """Energy-aware DeepSpeed configuration advisor: predict step time, energy and memory of
+    DeepSpeed strategies from a hardware profile, and recommend one."""
+
+
+def workload_options(f):
+    """Options both commands share: what is trained, and on which hardware profile."""
+    for decorator in reversed([
+        click.option("--model", required=True, help="Preset (7B, llama-2-13b, qwen2.5-vl-7b, ...) or a config.json path."),
+        click.option("--seq", "seq_text", required=True, help="Context length in tokens: 4096, 4k, 32k, 1M."),
+        click.option("--profile", default="gh200", show_default=True, help="Shipped profile name or profile JSON path."),
+        click.option("--global-batch", "global_batch_text", default=None,
+                     help="Sequences per optimizer step. Default: max(1, 2**20 // seq), about 1M tokens."),
+        click.option("--images", type=click.IntRange(min=0), default=0, help="Images per sample (vision models)."),
+        click.option("--frames", type=click.IntRange(min=0), default=0, help="Video frames per sample (vision models)."),
+        click.option("--image-size", type=click.IntRange(min=1), default=None, help="Image side in pixels (default: the model's)."),
+        click.option("--freeze-vision/--train-vision", default=True, show_default=True,
+                     help="Keep the vision encoder frozen, or train it too."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables."),
+    ]):
+        f = decorator(f)
+    return f
+
+
+def _load(model, seq_text, profile, images, frames, image_size, freeze_vision):
+    from models.architecture import load_architecture
+    from models.profile import load_profile
+    from models.workload import Workload
+
+    seq = parse_seq(seq_text)
+    arch = load_architecture(model)
+    workload = Workload(arch, seq, images=images, frames=frames, image_size=image_size, train_vision=not freeze_vision)
+    return arch, workload, load_profile(profile)
+
+
+def _global_batch(text, seq) -> int:
+    return parse_count(text, "--global-batch") if text else default_global_batch(seq)
+
+
+@main.command()
+@workload_options
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="GPU count (default: from --ds-config's batch sizes, else one node of the profile).")
+@click.option("--sp", type=click.IntRange(min=1), default=None, help="Ulysses sequence-parallel degree.")
+@click.option("--checkpointing", type=click.Choice(["none", "full"]), default=None, help="Activation checkpointing.")
+@click.option("--ds-config", "ds_config_path", type=click.Path(dir_okay=False), default=None,
+              help="Read the strategy from an existing DeepSpeed config; explicit flags override it.")
+@click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage.")
+@click.option("--offload-optimizer", type=click.Choice(["none", "cpu"]), default=None)
+@click.option("--offload-param", type=click.Choice(["none", "cpu"]), default=None)
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None, help="Sequences per GPU per micro-step.")
+def predict(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, as_json,
+            gpus, sp, checkpointing, ds_config_path, zero, offload_optimizer, offload_param, micro_batch):
+    """Predict one optimizer step of one strategy: time, energy (GPU and CPU), memory."""
+    from dataclasses import asdict
+
+    from advisor.ds_config import DsSettings, gpus_from_batch, load_ds_config
+    from models.predict import predict as predict_one
+    from models.strategy import Strategy, static_reasons
+
+    arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision)
+    per_node = int(prof.gpus_per_node.value)
+    settings = load_ds_config(ds_config_path, arch) if ds_config_path else DsSettings({}, None)
+    fields = dict(settings.fields)
+    explicit = {"zero_stage": zero, "offload_optimizer": offload_optimizer, "offload_param": offload_param,
+                "sp": sp, "micro_batch": micro_batch}
+    fields.update({k: v for k, v in explicit.items() if v is not None})
+    if checkpointing is not None:
+        fields["checkpoint_every"] = {"none": 0, "full": 1}[checkpointing]
+        fields["cpu_checkpointing"] = fields.get("cpu_checkpointing", False) and checkpointing == "full"
+    if offload_optimizer == "none":  # an explicit "none" also drops the config's ratio / SuperOffload
+        fields.update(offload_ratio=1.0, super_offload=False)
+    fields.setdefault("overlap_comm", fields.get("zero_stage", 0) == 3)  # DeepSpeed's default
+    gpus = gpus or gpus_from_batch(settings, settings.fields.get("sp", 1)) or per_node
+    check_whole_nodes(gpus, per_node)
+    ga_config = fields.pop("grad_accum", None)
+    strategy = Strategy(gpus=gpus, gpus_per_node=min(gpus, per_node), **fields)
+    reasons = static_reasons(strategy, arch)
+    if reasons:
+        raise InputError(f"{strategy.label()}: " + "; ".join(reasons))
+    tbs = settings.train_batch_size
+    if ga_config and (tbs is None or tbs == strategy.micro_batch * ga_config * strategy.dp):
+        grad_accum = ga_config
+    else:
+        target = tbs or _global_batch(global_batch_text, workload.seq_len)
+        grad_accum = step_global_batch(target, strategy.dp, strategy.micro_batch)[1]
+    strategy = Strategy(**{**asdict(strategy), "grad_accum": grad_accum})
+    pred = predict_one(workload, strategy, prof)
+    if as_json:
+        out = pred.to_dict()
+        out.setdefault("strategy", asdict(strategy))
+        out.setdefault("global_batch", strategy.global_batch)
+        out.setdefault("tokens_per_step", strategy.global_batch * workload.seq_len)
+        click.echo(json.dumps(out))
+        return
+    from advisor.render import console, show_prediction
+
+    show_prediction(console(), pred, strategy, f"{arch.name} at {workload.seq_len} tokens on {prof.describe()}")
+
+
+@main.command()
+@workload_options
+@click.option("--gpus", "gpus_text", default=None,
+              help="GPU count (8) or range to search (4-64). Default: one node of the profile.")
+@click.option("--objective", type=click.Choice(["energy", "time", "edp"]), default="energy", show_default=True)
+@click.option("--max-slowdown", "slowdown_text", default="10%", show_default=True,
+              help="How much slower than the fastest feasible strategy the pick may be.")
+@click.option("--search", "method", type=click.Choice(["optuna", "exhaustive"]), default="optuna", show_default=True)
+@click.option("--trials", type=click.IntRange(min=1), default=DEFAULT_TRIALS, show_default=True,
+              help="Optuna trials in this run (a resumed study adds to its earlier ones).")
+@click.option("--storage", default=None, help="Optuna storage URL: sqlite:///study.db resumes, postgresql://... shares.")
+@click.option("--seed", type=int, default=None, help="Sampler seed (default 0; random with --storage).")
+@click.option("--tokens", "tokens_text", default=DEFAULT_TOKENS, show_default=True,
+              help="Tokens of the whole run (decimal: 1B = 1e9); run time and energy cover them.")
+@click.option("--out-ds-config", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the pick's DeepSpeed config here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the Pareto plot (PNG) here.")
+def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, as_json,
+              gpus_text, objective, slowdown_text, method, trials, storage, seed, tokens_text, out_ds_config,
+              plot_path):
+    """Search ZeRO stage, offload, checkpointing, sp and micro-batch; print the Pareto front,
+    the pick, its DeepSpeed config and launch line."""
+    from advisor.recommend import recommend_run
+
+    slowdown = parse_fraction(slowdown_text)
+    tokens = parse_count(tokens_text, "--tokens")
+    if plot_path and not plot_path.lower().endswith(".png"):
+        raise InputError(f"bad --plot '{plot_path}': the plot is a PNG, name it FILE.png")
+    arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision)
+    per_node = int(prof.gpus_per_node.value)
+    gpu_range = parse_gpus(gpus_text or per_node)
+    if gpu_range.fixed:
+        check_whole_nodes(gpu_range.low, per_node)
+    counts = gpu_range.counts(per_node) if not gpu_range.fixed else [gpu_range.low]
+    recommend_run(
+        arch=arch, workload=workload, profile=prof, gpu_counts=counts,
+        global_batch=_global_batch(global_batch_text, workload.seq_len), tokens=tokens, objective=objective,
+        max_slowdown=slowdown, method=method, trials=trials, storage=storage,
+        seed=(None if storage else 0) if seed is None else seed,
+        out_ds_config=out_ds_config, plot_path=plot_path, as_json=as_json,
+    )
+
+
+if __name__ == "__main__":
+    main()

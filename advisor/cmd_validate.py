@@ -1,0 +1,157 @@
+"""`advisor validate`: run DeepSpeed candidates for real on this machine's GPUs, predicted first,
+measured, stored, and shown side by side.
+
+Loaded lazily by advisor.cli; torch is imported only to count the GPUs, DeepSpeed only inside
+the harness subprocesses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from advisor.inputs import parse_seq
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _cell(comparison, metric: str) -> str:
+    p, m, e = comparison.predicted[metric], comparison.measured[metric], comparison.error_pct[metric]
+    err = "" if e is None else f" ({e:+.0f}%)"
+    return f"{_fmt(p)} / {_fmt(m)}{err}"
+
+
+def _local_slots(parallel: bool):
+    from calibration.harness.runner import Slot, split_slots
+
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except ImportError:
+        count = 0
+    if count == 0:
+        return [Slot()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    ids = [e.strip() for e in visible.split(",") if e.strip()][:count] if visible else list(range(count))
+    return split_slots(ids) if parallel else [Slot(g) for g in ids]
+
+
+def _default_store() -> Path:
+    from advisor.store import default_store_path
+
+    return default_store_path()
+
+
+@click.command()
+@click.option("--model", default=None, help="Preset or config.json path (with --ds-config).")
+@click.option("--seq", "seq_text", default=None, help="Context length: 4096, 4k, 32k (with --ds-config).")
+@click.option("--ds-config", "ds_config_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Run this DeepSpeed config as is.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="GPUs for --ds-config (default: from its batch sizes, else its sp).")
+@click.option("--images", type=click.IntRange(min=0), default=0, help="Images per sample (vision models).")
+@click.option("--frames", type=click.IntRange(min=0), default=0, help="Video frames per sample (vision models).")
+@click.option("--image-size", type=click.IntRange(min=1), default=None, help="Image side in pixels.")
+@click.option("--freeze-vision/--train-vision", default=True, show_default=True)
+@click.option("--sweep", "sweep_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="JSONL of {model, seq, strategy | ds_config, images, frames, ...}, most valuable first.")
+@click.option("--profile", default=None, help="Hardware profile for the predictions (default: the shipped default).")
+@click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
+              help="SQLite run store (default: ~/.cache/energy-advisor/runs.db, else ./runs.db).")
+@click.option("--jsonl", "jsonl_path", type=click.Path(dir_okay=False), default=None,
+              help="Append each run here as it finishes (default: WORKDIR/runs.jsonl); a rerun skips what it holds.")
+@click.option("--workdir", type=click.Path(file_okay=False), default="validate-runs", show_default=True,
+              help="Per-run configs, logs and results.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="Measured steps, at least.")
+@click.option("--min-window-s", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Run more steps until the measured window is this long (energy counters tick every ~0.1 s).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600, show_default=True,
+              help="Seconds per run before it is stopped and recorded as a timeout.")
+@click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=None,
+              help="Seconds for this whole command (op builds included): no run starts or runs past it.")
+@click.option("--parallel/--serial", default=True, show_default=True,
+              help="Run single-GPU candidates side by side, one per GPU, each on its share of the cores.")
+@click.option("--retry", multiple=True, type=click.Choice(["oom", "crash", "timeout"]),
+              help="Run candidates recorded with this status again.")
+@click.option("--prebuild/--no-prebuild", default=None,
+              help="Compile DeepSpeed's CPUAdam/FusedAdam once before the runs (default: when a GPU is present).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, freeze_vision, sweep_path, profile,
+             store_path, jsonl_path, workdir, warmup, steps, min_window_s, timeout_s, budget_s, parallel, retry,
+             prebuild, as_json):
+    """Run candidates for real, predict each first, store both, show predicted / measured (% error)."""
+    started = time.monotonic()
+    from advisor.store import RunStore
+    from advisor.validate import candidate_from_ds_config, candidates_from_sweep, compare, run_validation
+    from calibration.harness.runner import RunSettings, prebuild_ops
+
+    if bool(sweep_path) == bool(ds_config_path):
+        raise click.UsageError("give either --ds-config (with --model and --seq) or --sweep")
+    if ds_config_path:
+        if not model or not seq_text:
+            raise click.UsageError("--ds-config needs --model and --seq")
+        config = json.loads(Path(ds_config_path).read_text())
+        candidates = [candidate_from_ds_config(model, parse_seq(seq_text), config, gpus=gpus, images=images,
+                                               frames=frames, image_size=image_size, freeze_vision=freeze_vision)]
+    else:
+        candidates = candidates_from_sweep(sweep_path)
+    if profile is None:
+        from models.profile import DEFAULT_PROFILE
+
+        profile = DEFAULT_PROFILE
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    jsonl = Path(jsonl_path) if jsonl_path else workdir / "runs.jsonl"
+    slots = _local_slots(parallel)
+    on_gpu = slots[0].gpu is not None
+    if prebuild if prebuild is not None else on_gpu:
+        report = prebuild_ops(gpu=on_gpu)
+        click.echo(f"prebuilt DeepSpeed ops: {json.dumps(report)}", err=True)
+
+    def progress(record):
+        r = record.result
+        took = f"{r.step_time_s:.3f} s/step" if r.step_time_s else r.reason[:160]
+        click.echo(f"[{r.status}] {record.candidate.model} seq {record.candidate.seq_len} "
+                   f"{record.candidate.label}: {took} (run {r.wall_s or 0:.0f} s)", err=True)
+
+    settings = RunSettings(warmup=warmup, steps=steps, min_window_s=min_window_s, timeout_s=timeout_s)
+    with RunStore(store_path or _default_store()) as store:
+        records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=budget_s and budget_s - (time.monotonic() - started),
+                                 retry=tuple(retry), on_record=progress, concurrent=parallel)
+    comparisons = [compare(r) for r in records]
+    skipped = len(candidates) - len(records)
+    if as_json:
+        click.echo(json.dumps({"profile": profile, "runs": [c.to_dict() for c in comparisons],
+                               "not_run": skipped}))
+        return
+    _show(comparisons, profile, skipped)
+
+
+def _show(comparisons, profile: str, skipped: int) -> None:
+    from rich.table import Table
+
+    from advisor.render import console
+
+    table = Table(title=f"Predicted / measured per optimizer step (profile {profile})", title_justify="left")
+    for col in ("run", "status", "step s", "GPU J", "CPU J", "GPU GiB", "host GiB"):
+        table.add_column(col, justify="left" if col in ("run", "status") else "right")
+    for c in comparisons:
+        status = c.status if c.status == "ok" else f"[red]{c.status}[/red]: {c.reason[:80]}"
+        table.add_row(c.label, status, *(_cell(c, m) for m in
+                                         ("step_time_s", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib",
+                                          "peak_host_mem_gib")))
+    out = console()
+    out.print(table)
+    if skipped:
+        out.print(f"{skipped} candidate(s) not run now: already recorded, or past --budget.")
+    sys.stdout.flush()

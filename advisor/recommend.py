@@ -1,0 +1,115 @@
+"""`advisor recommend` behind the CLI: build the problem, search, and write what was asked.
+
+Kept apart from cli.py so the search can be driven from Python (benchmarks, tests) with
+the same wiring of workload, profile and cost model as the command line.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import contextmanager
+from dataclasses import asdict
+
+import click
+
+from advisor.search import Problem, SearchResult, exhaustive_search, optuna_search
+from advisor.space import build_space
+
+
+def make_problem(workload, profile, gpu_counts: list[int], global_batch: int, tokens: int) -> Problem:
+    """The search problem on the shipped cost model (`models.predict.predict_batch`)."""
+    from models.predict import predict_batch
+
+    arch = workload.arch
+    space = build_space(arch, gpu_counts, int(profile.gpus_per_node.value), global_batch)
+    digest = hashlib.sha1((repr(workload) + profile.to_json()).encode()).hexdigest()[:10]
+    return Problem(
+        space=space, arch=arch, seq_len=workload.seq_len, tokens=tokens,
+        evaluate=lambda batch: predict_batch(workload, batch, profile),
+        gpu_memory_gib=profile.gpu.memory_gib.value, host_memory_gib=profile.host.memory_gib.value,
+        key=f"{arch.name}-seq{workload.seq_len}-{profile.name}-{digest}",
+    )
+
+
+@contextmanager
+def progress_bar(label: str):
+    """A rich progress bar on stderr, shown only on a terminal (stdout stays clean for --json)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    if not err.is_terminal:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def run_search(problem: Problem, method: str, trials: int, objective: str, max_slowdown: float,
+               storage: str | None = None, seed: int | None = 0) -> SearchResult:
+    with progress_bar(f"{method} search") as progress:
+        if method == "exhaustive":
+            result = exhaustive_search(problem, objective, max_slowdown, progress=progress)
+        else:
+            result = optuna_search(problem, trials, objective, max_slowdown, storage=storage, seed=seed,
+                                   progress=progress)
+    return result
+
+
+def point_dict(result: SearchResult, i: int, seq_len: int) -> dict:
+    c = result.candidates
+    s = c.strategies[i]
+    m = {k: float(v[i]) for k, v in c.metrics.items()}
+    return {
+        "label": s.label(),
+        "strategy": asdict(s),
+        **m,
+        "tokens_per_s": s.global_batch * seq_len / m["step_time_s"],
+        "global_batch": s.global_batch,
+        "steps": int(c.steps[i]),
+        "run_time_s": float(c.run_time_s[i]),
+        "run_energy_j": float(c.run_energy_j[i]),
+    }
+
+
+def recommend_run(*, arch, workload, profile, gpu_counts, global_batch, tokens, objective, max_slowdown, method,
+                  trials, storage, seed, out_ds_config, plot_path, as_json) -> SearchResult:
+    from advisor.ds_config import to_ds_config
+    from advisor.launch import launch
+
+    problem = make_problem(workload, profile, gpu_counts, global_batch, tokens)
+    result = run_search(problem, method, trials, objective, max_slowdown, storage, seed)
+    chosen = result.candidates.strategies[result.pick]
+    config = to_ds_config(chosen, arch)
+    line = launch(chosen, config_path=out_ds_config or "ds_config.json")
+    if out_ds_config:
+        with open(out_ds_config, "w") as f:
+            json.dump(config, f, indent=2)
+    gpus = f"{gpu_counts[0]}" if len(gpu_counts) == 1 else f"{gpu_counts[0]}-{gpu_counts[-1]}"
+    header = (f"{arch.name}, {workload.seq_len} tokens, {gpus} GPUs, {profile.name}; objective {objective} within "
+              f"{max_slowdown:.0%} of the fastest; run of {tokens:.3g} tokens; {method}, "
+              f"{result.evaluations} evaluations")
+    if plot_path:
+        from advisor.plot import pareto_plot
+
+        pareto_plot(result, plot_path, header, max_slowdown)
+    if as_json:
+        click.echo(json.dumps({
+            "recommended": point_dict(result, result.pick, workload.seq_len),
+            "pareto": [point_dict(result, i, workload.seq_len) for i in result.pareto],
+            "ds_config": config,
+            "launch": asdict(line),
+            "search": {
+                "method": method, "objective": objective, "max_slowdown": max_slowdown, "tokens": tokens,
+                "global_batch_target": global_batch, "gpu_counts": list(gpu_counts),
+                "evaluations": result.evaluations, "distinct_strategies": len(result.candidates),
+                "study_name": result.study_name, "storage": storage, "profile": profile.describe(),
+            },
+        }))
+        return result
+    from advisor.render import console, show_recommendation
+
+    show_recommendation(console(), result, workload.seq_len, config, line, header, plot_path)
+    return result

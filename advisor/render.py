@@ -1,0 +1,99 @@
+"""Readable output: rich tables for `predict` and `recommend` (the `--json` path skips this)."""
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from advisor.launch import Launch
+from advisor.search import SearchResult
+
+
+def console() -> Console:
+    # Wide enough for the Pareto table when stdout is a file or a pipe.
+    c = Console()
+    return c if c.is_terminal else Console(width=140)
+
+
+def _kwh(j: float) -> str:
+    return f"{j / 3.6e6:,.1f}"
+
+
+def _hours(s: float) -> str:
+    return f"{s / 3600:,.2f}"
+
+
+def show_prediction(out: Console, pred, strategy, title: str) -> None:
+    """One strategy: totals, then where the time and energy go."""
+    summary = Table(title=title, show_header=False, title_justify="left")
+    summary.add_column("", style="bold")
+    summary.add_column("")
+    cpu_note = " (estimated)" if getattr(pred, "cpu_energy_estimated", False) else ""
+    if getattr(pred, "cpu_energy_in_gpu_energy", False):
+        cpu_note += ", inside the GPU figure (module meter), not added again"
+    rows = [
+        ("strategy", strategy.label()),
+        ("global batch", f"{strategy.global_batch} sequences (micro-batch {strategy.micro_batch} x dp {strategy.dp}"
+                         f" x accumulation {strategy.grad_accum})"),
+        ("step time", f"{pred.step_time_s:,.3f} s"),
+        ("throughput", f"{pred.tokens_per_s:,.0f} tokens/s"),
+        ("GPU energy / step", f"{pred.gpu_energy_j:,.0f} J (all {strategy.gpus} GPUs)"),
+        ("CPU energy / step", f"{pred.cpu_energy_j:,.0f} J{cpu_note}"),
+        ("energy / step", f"{pred.energy_j:,.0f} J"),
+        ("peak GPU memory", f"{pred.peak_gpu_mem_gib:,.1f} GiB"),
+        ("peak host memory", f"{pred.peak_host_mem_gib:,.1f} GiB"),
+        ("feasible", "yes" if pred.feasible else "[red]no[/red]: " + "; ".join(pred.reasons)),
+        ("profile", str(getattr(pred, "profile", ""))),
+    ]
+    for k, v in rows:
+        summary.add_row(k, v)
+    out.print(summary)
+    phases = Table(title="Breakdown (exposed time per phase)", title_justify="left")
+    for col in ("phase", "time s", "share", "GPU energy J", "CPU energy J"):
+        phases.add_column(col, justify="left" if col == "phase" else "right")
+    total = pred.step_time_s or 1.0
+    for ph in pred.breakdown:
+        phases.add_row(ph.name, f"{ph.time_s:,.4f}", f"{100 * ph.time_s / total:.1f}%",
+                       f"{ph.gpu_energy_j:,.0f}", f"{ph.cpu_energy_j:,.0f}")
+    out.print(phases)
+
+
+def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_config: dict, launch: Launch,
+                        header: str, plot_path: str | None = None) -> None:
+    c = result.candidates
+    table = Table(title=f"Pareto front ({header})", title_justify="left")
+    for col in ("", "strategy", "step s", "tokens/s", "energy/step kJ", "run h", "run kWh", "GPU GiB", "host GiB"):
+        table.add_column(col, justify="left" if col in ("", "strategy") else "right")
+    for i in result.pareto:
+        m = c.metrics
+        tokens_per_s = c.strategies[i].global_batch * seq_len / m["step_time_s"][i]
+        table.add_row(
+            "*" if i == result.pick else "",
+            c.strategies[i].label(),
+            f"{m['step_time_s'][i]:,.2f}",
+            f"{tokens_per_s:,.0f}",
+            f"{m['energy_j'][i] / 1e3:,.1f}",
+            _hours(c.run_time_s[i]),
+            _kwh(c.run_energy_j[i]),
+            f"{m['peak_gpu_mem_gib'][i]:,.1f}",
+            f"{m['peak_host_mem_gib'][i]:,.1f}",
+            style="bold green" if i == result.pick else None,
+        )
+    out.print(table)
+    for note in result.notes:
+        out.print(f"[dim]{note}[/dim]")
+    s = c.strategies[result.pick]
+    out.print(f"\n[bold]Recommended[/bold] (*): {s.label()}")
+    out.print("\n[bold]ds_config.json[/bold]")
+    out.print_json(json.dumps(ds_config))
+    out.print("\n[bold]Launch[/bold]")
+    out.print(launch.deepspeed, soft_wrap=True, highlight=False)
+    out.print(f"[dim]or on every node:[/dim] {launch.torchrun}", soft_wrap=True, highlight=False)
+    if launch.hostfile:
+        out.print(f"[dim]hostfile:[/dim]\n{launch.hostfile}", highlight=False)
+    for note in launch.notes:
+        out.print(f"[dim]note:[/dim] {note}", highlight=False)
+    if plot_path:
+        out.print(f"\nPareto plot written to {plot_path}")
+

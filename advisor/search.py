@@ -1,0 +1,280 @@
+"""Search the strategy space for the time/energy Pareto front and pick one point.
+
+Two searches over the same `Space`: Optuna's multi-objective samplers (time, energy),
+with memory and static refusals as constraints through `trial.set_constraint` (so an
+infeasible point never reaches `study.best_trials`), and an exhaustive sweep that predicts
+every point at once with `predict_batch`, for comparison. Objectives cover the whole run of
+`tokens` tokens: with a fixed GPU count that ranks exactly as per-step figures do, and
+when the GPU count is searched it charges more GPUs for the energy they spend.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from advisor.space import Space
+from models.architecture import Architecture
+from models.strategy import Strategy, StrategyBatch
+
+OBJECTIVES = ("energy", "time", "edp")
+METRICS = ("step_time_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib")
+CONSTRAINTS = ("gpu_memory", "host_memory", "static", "other")
+
+
+class NothingFeasibleError(ValueError):
+    """No point of the space fits; the message names the closest miss with its numbers."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What is searched: a space, how to predict a batch of it, and the run it serves.
+
+    `evaluate(batch)` returns an object with numpy arrays named as in METRICS plus
+    `feasible`, and `reasons(i)`; `models.predict.predict_batch` does, bound to a workload
+    and profile. Capacities scale the memory constraints."""
+
+    space: Space
+    arch: Architecture
+    seq_len: int
+    tokens: int
+    evaluate: Callable[[StrategyBatch], object]
+    gpu_memory_gib: float
+    host_memory_gib: float
+    key: str  # names the workload and profile, for study names
+
+
+@dataclass
+class Candidates:
+    """Evaluated strategies as columns; `run_*` cover the whole run of `tokens`."""
+
+    strategies: list[Strategy]
+    metrics: dict[str, np.ndarray]
+    feasible: np.ndarray
+    violation: np.ndarray  # summed positive constraint values: 0 when feasible
+    run_time_s: np.ndarray
+    run_energy_j: np.ndarray
+    steps: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.strategies)
+
+
+@dataclass
+class SearchResult:
+    method: str
+    candidates: Candidates
+    pareto: list[int]  # indices into candidates, fastest first
+    pick: int
+    evaluations: int
+    study_name: str | None = None
+    study: object | None = None  # the optuna Study, for callers who want the raw trials
+    notes: list[str] = field(default_factory=list)
+
+
+def run_steps(problem: Problem, global_batch: np.ndarray) -> np.ndarray:
+    """Optimizer steps to train `tokens` tokens at this many sequences per step."""
+    return np.ceil(problem.tokens / (np.asarray(global_batch) * problem.seq_len))
+
+
+def constraint_values(problem: Problem, pred, static_count: np.ndarray) -> dict[str, np.ndarray]:
+    """Constraint values (<= 0 feasible): memory as a fraction over capacity, the number of
+    static refusals, and `other` for anything else the model refused. The model's own
+    `feasible` flag is the truth: feasible points get no positive value."""
+    feasible = np.asarray(pred.feasible, dtype=bool)
+    gpu = np.asarray(pred.peak_gpu_mem_gib, dtype=float) / problem.gpu_memory_gib - 1.0
+    host = np.asarray(pred.peak_host_mem_gib, dtype=float) / problem.host_memory_gib - 1.0
+    values = {"gpu_memory": gpu, "host_memory": host, "static": static_count.astype(float)}
+    values = {k: np.where(feasible, np.minimum(np.nan_to_num(v, nan=0.0), 0.0), np.nan_to_num(v, nan=1.0))
+              for k, v in values.items()}
+    explained = (values["gpu_memory"] > 0) | (values["host_memory"] > 0) | (values["static"] > 0)
+    values["other"] = np.where(~feasible & ~explained, 1.0, 0.0)
+    return values
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(x), x, 1e300)
+
+
+def pareto_front(time_s: np.ndarray, energy_j: np.ndarray, feasible: np.ndarray) -> list[int]:
+    """Indices of feasible points no other feasible point dominates, fastest first;
+    of identical points only the first is kept."""
+    idx = np.flatnonzero(feasible)
+    order = idx[np.lexsort((energy_j[idx], time_s[idx]))]
+    front, best_energy = [], math.inf
+    for i in order:
+        if energy_j[i] < best_energy:
+            front.append(int(i))
+            best_energy = energy_j[i]
+    return front
+
+
+def pick(time_s: np.ndarray, energy_j: np.ndarray, front: list[int], objective: str, max_slowdown: float) -> int:
+    """The front point that best serves `objective` within `max_slowdown` of the fastest."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    fastest = min(time_s[i] for i in front)
+    allowed = [i for i in front if time_s[i] <= fastest * (1 + max_slowdown) * (1 + 1e-12)]
+    key = {
+        "time": lambda i: (time_s[i], energy_j[i]),
+        "energy": lambda i: (energy_j[i], time_s[i]),
+        "edp": lambda i: (time_s[i] * energy_j[i], time_s[i]),
+    }[objective]
+    return min(allowed, key=key)
+
+
+def _evaluate(problem: Problem, strategies: list[Strategy] | None, batch: StrategyBatch | None = None):
+    """Predict a batch; returns (prediction, static refusal counts)."""
+    if batch is None:
+        batch = StrategyBatch.from_strategies(strategies)
+        static = np.array([len(problem.space.reasons(s, problem.arch)) for s in strategies])
+    else:
+        static = np.zeros(len(batch), dtype=int)  # enumerate() lists only valid points
+    return problem.evaluate(batch), static
+
+
+def _candidates(problem: Problem, strategies: list[Strategy], metrics: dict, feasible, violation) -> Candidates:
+    global_batch = np.array([s.global_batch for s in strategies])
+    steps = run_steps(problem, global_batch)
+    return Candidates(
+        strategies=strategies,
+        metrics=metrics,
+        feasible=np.asarray(feasible, dtype=bool),
+        violation=np.asarray(violation, dtype=float),
+        run_time_s=metrics["step_time_s"] * steps,
+        run_energy_j=metrics["energy_j"] * steps,
+        steps=steps,
+    )
+
+
+def closest_miss(problem: Problem, cands: Candidates, searched: str) -> NothingFeasibleError:
+    """The error for an empty front: the point that missed by least, with the model's numbers."""
+    i = int(np.argmin(cands.violation))
+    s = cands.strategies[i]
+    pred, _ = _evaluate(problem, [s])
+    reasons = list(pred.reasons(0)) or problem.space.reasons(s, problem.arch) or ["refused by the cost model"]
+    gpus = f"{s.gpus} GPU" + ("s" if s.gpus > 1 else "")
+    return NothingFeasibleError(
+        f"nothing feasible for {problem.arch.name} at {problem.seq_len} tokens on {gpus} ({searched}); "
+        f"the closest, {s.label()}, {'; '.join(reasons)}"
+    )
+
+
+def exhaustive_search(problem: Problem, objective: str = "energy", max_slowdown: float = 0.10,
+                      progress: Callable[[int, int], None] | None = None, chunk: int = 20_000) -> SearchResult:
+    """Predict every valid point of the space (vectorised, in chunks for the progress bar)."""
+    full = problem.space.enumerate(problem.arch)
+    n = len(full)
+    if n == 0:
+        raise NothingFeasibleError("the strategy space is empty: no GPU count, sp and micro-batch fit together")
+    parts = []
+    for start in range(0, n, chunk):
+        sl = slice(start, min(n, start + chunk))
+        part = StrategyBatch(**{k: v[sl] for k, v in vars(full).items()})
+        pred, static = _evaluate(problem, None, part)
+        cons = constraint_values(problem, pred, static)
+        parts.append(({m: np.asarray(getattr(pred, m), dtype=float) for m in METRICS},
+                      np.asarray(pred.feasible, dtype=bool), sum(np.maximum(v, 0) for v in cons.values())))
+        if progress:
+            progress(sl.stop, n)
+    metrics = {m: np.concatenate([p[0][m] for p in parts]) for m in METRICS}
+    feasible = np.concatenate([p[1] for p in parts])
+    violation = np.concatenate([p[2] for p in parts])
+    strategies = [full.strategy(i) for i in range(n)]
+    cands = _candidates(problem, strategies, metrics, feasible, violation)
+    front = pareto_front(cands.run_time_s, cands.run_energy_j, cands.feasible)
+    if not front:
+        raise closest_miss(problem, cands, f"all {n} strategies")
+    return SearchResult("exhaustive", cands, front, pick(cands.run_time_s, cands.run_energy_j, front, objective,
+                                                         max_slowdown), evaluations=n)
+
+
+def study_name(problem: Problem) -> str:
+    """Same problem, same name: a study in shared storage resumes only the same search."""
+    return f"advisor-{problem.key}-tokens{problem.tokens}-space{problem.space.fingerprint()}"
+
+
+def _sampler(name: str, seed: int | None, population: int):
+    import optuna
+
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=population)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_slowdown: float = 0.10,
+                  storage: str | None = None, seed: int | None = 0, sampler: str = "tpe", batch: int = 20,
+                  progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Multi-objective (run time, run energy) Optuna study, asked and told in batches so each
+    batch is one vectorised prediction. With `storage` the study resumes (SQLite) or is
+    shared between workers (PostgreSQL); the front covers every trial the study holds."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = study_name(problem)
+    study = optuna.create_study(
+        study_name=name, storage=storage, load_if_exists=True, directions=["minimize", "minimize"],
+        sampler=_sampler(sampler, seed, batch),
+    )
+    dists = {k: CategoricalDistribution(list(v)) for k, v in problem.space.choices().items()}
+    done = 0
+    while done < trials:
+        asked = [study.ask(dists) for _ in range(min(batch, trials - done))]
+        strategies = [problem.space.strategy(t.params) for t in asked]
+        pred, static = _evaluate(problem, strategies)
+        cons = constraint_values(problem, pred, static)
+        steps = run_steps(problem, np.array([s.global_batch for s in strategies]))
+        for j, trial in enumerate(asked):
+            for cname in CONSTRAINTS:
+                trial.set_constraint(cname, float(cons[cname][j]))
+            record = {m: float(np.asarray(getattr(pred, m))[j]) for m in METRICS}
+            record["feasible"] = bool(np.asarray(pred.feasible)[j])
+            trial.set_user_attr("metrics", record)
+            study.tell(trial, [float(_finite(pred.step_time_s[j] * steps[j])), float(_finite(pred.energy_j[j] * steps[j]))])
+        done += len(asked)
+        if progress:
+            progress(done, trials)
+    return _result_from_study(problem, study, objective, max_slowdown, done)
+
+
+def _params_key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def _result_from_study(problem: Problem, study, objective: str, max_slowdown: float, evaluations: int) -> SearchResult:
+    """Candidates from every completed trial (one per distinct point); the front is Optuna's
+    `best_trials`, which holds feasible trials only."""
+    from optuna.trial import TrialState
+
+    index: dict[str, int] = {}
+    strategies, rows, feasible, violation = [], [], [], []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        key = _params_key(t.params)
+        if key in index or "metrics" not in t.user_attrs:
+            continue
+        index[key] = len(strategies)
+        strategies.append(problem.space.strategy(t.params))
+        rows.append(t.user_attrs["metrics"])
+        feasible.append(all(v <= 0 for v in t.constraints.values()))
+        violation.append(sum(max(v, 0.0) for v in t.constraints.values()))
+    metrics = {m: np.array([r[m] for r in rows], dtype=float) for m in METRICS}
+    cands = _candidates(problem, strategies, metrics, feasible, violation)
+    front = sorted({index[_params_key(t.params)] for t in study.best_trials if _params_key(t.params) in index},
+                   key=lambda i: (cands.run_time_s[i], cands.run_energy_j[i]))
+    # Identical values from different trials collapse to one point of the front.
+    unique = set(pareto_front(cands.run_time_s, cands.run_energy_j, cands.feasible))
+    front = [i for i in front if i in unique] or front
+    if not front:
+        raise closest_miss(problem, cands, f"{len(cands)} distinct strategies in {evaluations} Optuna trials;"
+                                            " try --search exhaustive or more --trials")
+    return SearchResult("optuna", cands, front, pick(cands.run_time_s, cands.run_energy_j, front, objective,
+                                                     max_slowdown), evaluations=evaluations,
+                        study_name=study.study_name, study=study)

@@ -1,0 +1,165 @@
+"""Validation: run candidates for real on the local GPUs, predict each one first, store both,
+and compare them.
+
+Candidates come from one DeepSpeed config (`--ds-config`, with `--model/--seq`) or from a sweep
+file: JSONL, one object a line with `model`, `seq`, either `strategy` (models.strategy.Strategy
+fields; the config is written by advisor.ds_config) or `ds_config` (read back into a strategy
+for the prediction), and optionally `images`, `frames`, `image_size`, `freeze_vision`, `label`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from calibration.harness.candidate import Candidate, RunRecord
+
+METRICS = ("step_time_s", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib")
+SWEEP_KEYS = {"model", "seq", "seq_len", "strategy", "ds_config", "images", "frames", "image_size",
+              "freeze_vision", "label", "gpus"}
+
+
+class SweepFileError(ValueError):
+    """A sweep line that cannot be run; the message names the file and line."""
+
+
+def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: int | None = None, images: int = 0,
+                             frames: int = 0, image_size: int | None = None, freeze_vision: bool = False,
+                             label: str = "") -> Candidate:
+    """A candidate running `ds_config` as is, with the strategy it describes (for the prediction)."""
+    from advisor.ds_config import gpus_from_batch, parse_ds_config, strategy_from_ds_config
+    from models.architecture import load_architecture
+
+    arch = load_architecture(model)
+    freeze_vision = freeze_vision and arch.vision is not None  # a text model has nothing to freeze
+    settings = parse_ds_config(ds_config, arch)
+    sp = settings.fields.get("sp", 1)
+    gpus = gpus or gpus_from_batch(settings, sp) or sp
+    strategy = strategy_from_ds_config(settings, gpus=gpus, gpus_per_node=gpus)
+    return Candidate(model=model, seq_len=seq_len, ds_config=ds_config, gpus=gpus, sp=strategy.sp,
+                     checkpoint_every=strategy.checkpoint_every, images=images, frames=frames,
+                     image_size=image_size, freeze_vision=freeze_vision, strategy=asdict(strategy),
+                     label=label or strategy.label())
+
+
+def candidate_from_strategy(model: str, seq_len: int, strategy: dict, images: int = 0, frames: int = 0,
+                            image_size: int | None = None, freeze_vision: bool = False, label: str = "") -> Candidate:
+    """A candidate for a Strategy, its DeepSpeed config written by advisor.ds_config."""
+    from advisor.ds_config import to_ds_config
+    from models.architecture import load_architecture
+    from models.strategy import Strategy, static_reasons
+
+    arch = load_architecture(model)
+    freeze_vision = freeze_vision and arch.vision is not None
+    s = Strategy(**strategy)
+    reasons = static_reasons(s, arch)
+    if reasons:
+        raise SweepFileError(f"{s.label()}: " + "; ".join(reasons))
+    return Candidate(model=model, seq_len=seq_len, ds_config=to_ds_config(s, arch), gpus=s.gpus, sp=s.sp,
+                     checkpoint_every=s.checkpoint_every, images=images, frames=frames, image_size=image_size,
+                     freeze_vision=freeze_vision, strategy=asdict(s), label=label or s.label())
+
+
+def candidates_from_sweep(path: str | Path) -> list[Candidate]:
+    """Every line of a sweep file as a candidate; a bad line raises naming it."""
+    out = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{path}:{number}"
+        try:
+            spec = json.loads(line)
+            unknown = set(spec) - SWEEP_KEYS
+            if unknown:
+                raise SweepFileError(f"unknown keys {sorted(unknown)}")
+            seq = spec.get("seq", spec.get("seq_len"))
+            common = dict(images=spec.get("images", 0), frames=spec.get("frames", 0),
+                          image_size=spec.get("image_size"), freeze_vision=spec.get("freeze_vision", False),
+                          label=spec.get("label", ""))
+            if seq is None:
+                raise SweepFileError("needs 'seq'")
+            if "strategy" in spec:
+                c = candidate_from_strategy(spec["model"], int(seq), spec["strategy"], **common)
+                if "ds_config" in spec:  # run the given config; keep the strategy for the prediction
+                    c = Candidate(**{**c.to_dict(), "ds_config": spec["ds_config"]})
+            elif "ds_config" in spec:
+                c = candidate_from_ds_config(spec["model"], int(seq), spec["ds_config"], gpus=spec.get("gpus"), **common)
+            else:
+                raise SweepFileError("needs 'strategy' or 'ds_config'")
+        except SweepFileError as exc:
+            raise SweepFileError(f"{where}: {exc}") from None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise SweepFileError(f"{where}: {type(exc).__name__}: {exc}") from None
+        out.append(c)
+    return out
+
+
+def make_predictor(profile_name: str) -> Callable[[Candidate], tuple[dict | None, str | None, list[str]]]:
+    """predict(candidate) -> (Prediction.to_dict(), profile name, notes); never raises, so a
+    missing cost model or profile costs the prediction, not the measurement."""
+    def predict(c: Candidate):
+        if c.strategy is None:
+            return None, None, ["no prediction: the candidate carries no strategy"]
+        try:
+            from models.architecture import load_architecture
+            from models.predict import predict as predict_one
+            from models.profile import load_profile
+            from models.strategy import Strategy
+            from models.workload import Workload
+
+            profile = load_profile(profile_name)
+            workload = Workload(load_architecture(c.model), c.seq_len, images=c.images, frames=c.frames,
+                                image_size=c.image_size, train_vision=not c.freeze_vision)
+            pred = predict_one(workload, Strategy(**c.strategy), profile)
+        except Exception as exc:  # noqa: BLE001 - recorded in the run's notes
+            return None, profile_name, [f"no prediction: {type(exc).__name__}: {exc}"]
+        return pred.to_dict(), profile_name, []
+
+    return predict
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Predicted against measured for one run; error_pct = 100 (predicted - measured) / measured."""
+
+    key: str
+    label: str
+    status: str
+    reason: str
+    measured: dict
+    predicted: dict
+    error_pct: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare(record: RunRecord) -> Comparison:
+    measured = {m: getattr(record.result, m) for m in METRICS}
+    predicted = {m: (record.prediction or {}).get(m) for m in METRICS}
+    errors = {}
+    for m in METRICS:
+        p, v = predicted[m], measured[m]
+        errors[m] = None if p is None or v is None or v == 0 else 100.0 * (p - v) / v
+    extra = "; ".join(record.notes)
+    reason = "; ".join(x for x in (record.result.reason, extra) if x)
+    return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors)
+
+
+def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,
+                   profile: str, deadline_s: float | None = None, retry: tuple[str, ...] = (),
+                   on_record: Callable[[RunRecord], None] | None = None, concurrent: bool = True) -> list[RunRecord]:
+    """Predict, run and store each candidate not yet in `jsonl_path` or `store`; return new records."""
+    from calibration.harness.runner import run_sweep
+
+    done = store.done_keys([s for s in ("ok", "oom", "crash", "timeout") if s not in retry])
+    todo = [c for c in candidates if c.key() not in done]
+
+    def record(r: RunRecord):
+        store.add_run(r)
+        if on_record:
+            on_record(r)
+
+    return run_sweep(todo, jsonl_path, workdir, settings, slots, predict=make_predictor(profile),
+                     on_record=record, deadline_s=deadline_s, retry=retry, concurrent=concurrent)

@@ -1,0 +1,135 @@
+"""Fits from raw microbenchmark points: alpha-beta collectives and rate curves.
+
+Pure numpy/scipy, so the profile can be rebuilt from a raw JSONL file on a laptop.
+Collective conventions follow nccl-tests (and docs/CONTRACTS.md): `bytes` is the size of
+the full (gathered / reduced) tensor and bus bandwidth = bus_factor * bytes / time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import isotonic_regression, lsq_linear
+
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def bus_factor(op: str, group_size: int) -> float:
+    """nccl-tests bus factor: bytes each rank's link carries per byte of the full tensor."""
+    if group_size < 1:
+        raise ValueError(f"group size must be >= 1, got {group_size}")
+    n = group_size
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    raise ValueError(f"unknown collective '{op}'; expected one of {COLLECTIVE_OPS}")
+
+
+def bus_bandwidth(op: str, group_size: int, nbytes: float, time_s: float) -> float:
+    """Bus bandwidth in bytes/s of one measured collective (0 for a group of one)."""
+    return bus_factor(op, group_size) * nbytes / time_s
+
+
+@dataclass(frozen=True)
+class AlphaBetaFit:
+    """time_s = alpha_s + bus_factor * bytes / bus_bandwidth_bytes_per_s.
+
+    `bus_bandwidth_bytes_per_s` is None when the points carry no bandwidth information
+    (a group of one moves nothing over a link, so only alpha is defined).
+    `max_rel_error` is the largest |fit - measured| / measured over the points.
+    """
+
+    alpha_s: float
+    bus_bandwidth_bytes_per_s: float | None
+    max_rel_error: float
+    points: int
+
+
+def fit_alpha_beta(nbytes, times_s, factor: float) -> AlphaBetaFit:
+    """Least squares on relative error, alpha >= 0 and 1/bandwidth >= 0.
+
+    Times span orders of magnitude (microseconds to tens of milliseconds), so each point
+    is weighted by 1/time: a plain fit would ignore the latency-bound small messages.
+    """
+    x = np.asarray(nbytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if x.shape != t.shape or x.size < 2:
+        raise ValueError("need at least two (bytes, time) points of equal length")
+    if np.any(t <= 0) or np.any(x <= 0):
+        raise ValueError("bytes and times must be positive")
+    w = 1.0 / t
+    if factor <= 0:
+        alpha = float(np.exp(np.mean(np.log(t))))
+        err = float(np.max(np.abs(alpha - t) / t))
+        return AlphaBetaFit(alpha, None, err, int(x.size))
+    design = np.column_stack([np.ones_like(x), factor * x]) * w[:, None]
+    res = lsq_linear(design, t * w, bounds=([0.0, 0.0], [np.inf, np.inf]))
+    alpha, inv_bw = (float(v) for v in res.x)
+    if inv_bw <= 0:
+        raise ValueError("fit found no bandwidth term: times do not grow with message size")
+    pred = alpha + factor * x * inv_bw
+    err = float(np.max(np.abs(pred - t) / t))
+    return AlphaBetaFit(alpha, 1.0 / inv_bw, err, int(x.size))
+
+
+@dataclass(frozen=True)
+class CurvePoints:
+    """A curve ready for models.profile.Curve: x strictly increasing, all values positive."""
+
+    x: list[float]
+    y: list[float]
+
+
+def build_curve(x, y, *, monotone: bool = True, bins_per_decade: float = 8.0) -> CurvePoints:
+    """Turn scattered (size, rate) points into a curve the cost model can interpolate.
+
+    Points whose sizes fall in the same log bin (different shapes with similar FLOPs,
+    repeats) are merged: geometric mean of x, median of y. With `monotone`, rates are made
+    non-decreasing in size by isotonic regression (weighted by points per bin): larger
+    operations amortise fixed costs, and a dip from wave quantisation or one noisy shape
+    would otherwise make a larger GEMM look slower than a smaller one. The raw points stay
+    in the raw file.
+    """
+    xs = np.asarray(x, dtype=float)
+    ys = np.asarray(y, dtype=float)
+    if xs.shape != ys.shape or xs.size == 0:
+        raise ValueError("x and y must be non-empty and of equal length")
+    keep = np.isfinite(xs) & np.isfinite(ys) & (xs > 0) & (ys > 0)
+    xs, ys = xs[keep], ys[keep]
+    if xs.size == 0:
+        raise ValueError("no positive finite points to build a curve from")
+    order = np.argsort(xs)
+    xs, ys = xs[order], ys[order]
+    bins = np.floor(np.log10(xs) * bins_per_decade).astype(int)
+    bx, by, bw = [], [], []
+    for b in np.unique(bins):
+        sel = bins == b
+        bx.append(float(np.exp(np.mean(np.log(xs[sel])))))
+        by.append(float(np.median(ys[sel])))
+        bw.append(float(sel.sum()))
+    yv = np.asarray(by)
+    if monotone and len(yv) > 1:
+        yv = isotonic_regression(yv, weights=np.asarray(bw), increasing=True).x
+    return CurvePoints(x=[_round(v) for v in bx], y=[_round(float(v)) for v in yv])
+
+
+def _round(v: float, digits: int = 6) -> float:
+    """Six significant digits: far finer than run-to-run noise, and readable JSON."""
+    return float(f"{v:.{digits}g}")
+
+
+def causal_attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, backward: bool) -> float:
+    """FLOPs of causal attention, counting only the unmasked half of the score matrix.
+
+    Forward: QK^T and PV are 2*b*h*s^2*d each, halved for causal: 2*b*h*s^2*d.
+    Backward: five such matmuls (recomputed S, dV, dP, dQ, dK) = 2.5x forward, the
+    FlashAttention paper's convention.
+    """
+    fwd = 2.0 * batch * heads * seq_len * seq_len * head_dim
+    return 2.5 * fwd if backward else fwd
+
+
+def gemm_flops(m: int, n: int, k: int) -> float:
+    """2*M*N*K: one multiply and one add per term."""
+    return 2.0 * m * n * k

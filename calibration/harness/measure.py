@@ -1,0 +1,149 @@
+"""Per-rank measurement around the harness's training window: energy, host memory, CPU time.
+
+GPU energy comes from `calibration.meters.EnergyMonitor` (NVML); where that module or the
+sensor is missing the result says "absent" and carries None. Host CPU energy is read on one rank
+per node only (the sensor, or the meter's estimate, covers the whole host, so summing over ranks
+would count it several times).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import threading
+import time
+import warnings
+
+import psutil
+
+
+class _AbsentMonitor:
+    """Stands in for EnergyMonitor when calibration.meters cannot be imported."""
+
+    def __init__(self, why: str):
+        self.gpu_meter_kind = f"absent ({why})"
+        self.cpu_meter_kind = "absent"
+        self._start: dict[str, float] = {}
+
+    def begin_window(self, name: str) -> None:
+        self._start[name] = time.perf_counter()
+
+    def end_window(self, name: str):
+        from types import SimpleNamespace
+
+        elapsed = time.perf_counter() - self._start.pop(name)
+        return SimpleNamespace(
+            name=name, time_s=elapsed, gpu_energy_j=None, cpu_energy_j=None,
+            cpu_energy_estimated=False, gpu_power_avg_w=None,
+        )
+
+
+def energy_monitor(cuda_indices: list[int], sync):
+    """The project's EnergyMonitor for these CUDA devices (it maps them to NVML itself), with a
+    utilisation-based CPU estimate where the host has no power sensor; or an absent one that
+    says why when calibration.meters cannot be imported."""
+    try:
+        from calibration.cpu_power import estimate_cpu_power
+        from calibration.meters import EnergyMonitor
+    except ImportError as exc:
+        warnings.warn(f"calibration.meters is not importable ({exc}); energy will not be measured")
+        return _AbsentMonitor(f"calibration.meters not importable: {exc}")
+    estimate = estimate_cpu_power(psutil.cpu_count())
+    monitor = EnergyMonitor(gpu_indices=cuda_indices, sync=sync, cpu_estimate=estimate)
+    monitor.cpu_estimate_basis = estimate.basis
+    return monitor
+
+
+class HostMemorySampler:
+    """Peak resident memory of this process and its children (SuperOffload's CPU workers),
+    sampled in a daemon thread, because children's peaks are not in getrusage while they live."""
+
+    def __init__(self, interval_s: float = 0.1):
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def sample(self) -> int:
+        proc = psutil.Process()
+        total = proc.memory_info().rss
+        for child in proc.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                pass
+        self.peak_bytes = max(self.peak_bytes, total)
+        return total
+
+    def reset(self) -> None:
+        """Forget the peak so far (start-up transients: compilers, model construction)."""
+        self.peak_bytes = 0
+        self.sample()
+
+    def _loop(self):
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def start(self) -> "HostMemorySampler":
+        self.sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        self.sample()
+        return self.peak_bytes
+
+
+def process_tree_cpu_s() -> float:
+    """User + system CPU seconds of this process and its live children."""
+    proc = psutil.Process()
+    times = proc.cpu_times()
+    total = times.user + times.system
+    for child in proc.children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def machine_info(device_kind: str) -> dict:
+    """Host, accelerator and software versions, so a stored run says where it came from."""
+    import deepspeed
+    import torch
+
+    info = {
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "device": device_kind,
+    }
+    if device_kind == "cuda":
+        info["cuda"] = torch.version.cuda
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_mem_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception as exc:  # noqa: BLE001 - version info is best effort
+            info["driver"] = f"unknown ({type(exc).__name__})"
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -1,0 +1,257 @@
+"""Run candidates for real: each in its own torchrun subprocess, with a timeout, and a sweep that
+goes on after failures and appends every record the moment it is measured.
+
+A run ends as ok, oom (GPU or host memory), crash (with the error) or timeout. The subprocess
+runs in its own session so that a timeout kills torchrun, its ranks and SuperOffload's
+CPU-optimizer workers together. On a machine with several GPUs, single-GPU candidates run side
+by side, each on its own GPU and its own share of the cores (`Slot`); a multi-GPU candidate waits
+for enough free slots. Candidates start in the given order (most valuable first), so an
+interrupted sweep still holds the best data, and a resumed one skips what is recorded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+from calibration.harness.candidate import Candidate, RunRecord
+from calibration.harness.result import RunResult
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One GPU (None on a CPU-only machine) and the cores its run may use (None: all)."""
+
+    gpu: int | None = None
+    cpus: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    warmup: int = 2
+    steps: int = 3
+    min_window_s: float = 1.0  # NVML's energy counter updates about every 100 ms
+    max_steps: int = 50
+    timeout_s: float = 600.0
+    python: str = sys.executable
+    env: dict = field(default_factory=dict)  # added to this process's environment
+
+
+def split_slots(gpus: list[int | None], cpus: list[int] | None = None) -> list[Slot]:
+    """One slot per GPU, the cores divided evenly between them."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+    share = max(1, len(cpus) // max(1, len(gpus)))
+    return [Slot(g, tuple(cpus[i * share : (i + 1) * share]) or None) for i, g in enumerate(gpus)]
+
+
+def harness_command(c: Candidate, config_path: Path, out_path: Path, s: RunSettings) -> list[str]:
+    model = str(Path(c.model).resolve()) if Path(c.model).is_file() else c.model  # the run's cwd differs
+    cmd = [s.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(c.gpus),
+           "-m", "calibration.harness.train", "--model", model, "--seq", str(c.seq_len),
+           "--ds-config", str(config_path), "--warmup", str(s.warmup), "--steps", str(s.steps),
+           "--min-window-s", str(s.min_window_s), "--max-steps", str(s.max_steps), "--out", str(out_path)]
+    if c.images:
+        cmd += ["--images", str(c.images)]
+    if c.frames:
+        cmd += ["--frames", str(c.frames)]
+    if c.image_size:
+        cmd += ["--image-size", str(c.image_size)]
+    if c.freeze_vision:
+        cmd += ["--freeze-vision"]
+    if c.sp is not None:
+        cmd += ["--sp", str(c.sp)]
+    if c.checkpoint_every is not None:
+        cmd += ["--checkpoint-every", str(c.checkpoint_every)]
+    return cmd
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettings(),
+                  slots: list[Slot] | None = None) -> RunResult:
+    """Run one candidate to completion or timeout; never raises for a failed run."""
+    rundir = Path(workdir) / c.key()
+    rundir.mkdir(parents=True, exist_ok=True)
+    for stale in rundir.glob("result.json*"):
+        stale.unlink()
+    config_path, out_path, log_path = rundir / "ds_config.json", rundir / "result.json", rundir / "log.txt"
+    config_path.write_text(json.dumps(c.ds_config, indent=1))
+    env = {**os.environ, **settings.env}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_repo_root(), env.get("PYTHONPATH")) if p)
+    slots = slots or [Slot()]
+    if len(slots) < c.gpus and slots[0].gpu is not None:
+        return RunResult(status="crash", reason=f"needs {c.gpus} GPUs, {len(slots)} given to the run")
+    gpus = [s.gpu for s in slots if s.gpu is not None]
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    cpus = sorted({cpu for s in slots for cpu in (s.cpus or ())}) or None
+    threads = max(1, (len(cpus) if cpus else os.cpu_count() or 1) // c.gpus)
+    env.setdefault("OMP_NUM_THREADS", str(threads))  # torchrun would set 1: CPUAdam would crawl
+    preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(harness_command(c, config_path, out_path, settings), stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd=str(rundir),
+                                start_new_session=True, preexec_fn=preexec)
+        try:
+            proc.wait(timeout=settings.timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+    wall = time.perf_counter() - start
+    result = _collect(out_path, log_path, proc.returncode, timed_out, settings.timeout_s)
+    return replace(result, wall_s=wall)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the run's whole session, then SIGKILL what is left."""
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _collect(out_path: Path, log_path: Path, returncode: int | None, timed_out: bool, timeout_s: float) -> RunResult:
+    if out_path.exists() and not timed_out:
+        return RunResult.read(out_path)
+    if timed_out:
+        return RunResult(status="timeout", reason=f"no result within {timeout_s:.0f} s; {_log_tail(log_path, 1)}")
+    errors = [RunResult.read(p) for p in sorted(out_path.parent.glob(out_path.name + ".rank*.error.json"))]
+    if errors:  # a rank's OOM is the cause; its peers then fail in broken collectives
+        return next((e for e in errors if e.status == "oom"), errors[0])
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    if re.search(r"out of memory|OutOfMemoryError", log, re.IGNORECASE):
+        return RunResult(status="oom", reason=_log_tail(log_path, 2))
+    if re.search(r"exitcode\s*:\s*-9\b|Signals\.SIGKILL|signal 9", log):
+        return RunResult(status="oom", reason="a rank was killed by SIGKILL (host out of memory?)")
+    return RunResult(status="crash", reason=f"exit code {returncode}; {_log_tail(log_path, 3)}")
+
+
+def _log_tail(log_path: Path, lines: int) -> str:
+    if not log_path.exists():
+        return "no log"
+    useful = [line for line in log_path.read_text(errors="replace").splitlines()
+              if line.strip() and "[WARNING]" not in line and not line.startswith(("=", "-"))]
+    return " | ".join(useful[-lines:])[-600:]
+
+
+def read_records(path: Path) -> list[RunRecord]:
+    """Records of a JSONL file; a torn last line (the sweep was killed mid-write) is skipped."""
+    records = []
+    if not Path(path).exists():
+        return records
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(RunRecord.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    return records
+
+
+def append_record(path: Path, record: RunRecord) -> None:
+    """One line, flushed and synced: a killed sweep loses at most the run in flight."""
+    with open(path, "a") as f:
+        f.write(record.to_json_line())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_sweep(
+    candidates: Iterable[Candidate],
+    jsonl_path: Path,
+    workdir: Path,
+    settings: RunSettings = RunSettings(),
+    slots: list[Slot] | None = None,
+    predict: Callable[[Candidate], tuple[dict | None, str | None, list[str]]] | None = None,
+    on_record: Callable[[RunRecord], None] | None = None,
+    deadline_s: float | None = None,
+    retry: tuple[str, ...] = (),
+    concurrent: bool = True,
+) -> list[RunRecord]:
+    """Run what is not yet in `jsonl_path`, in order, on the free slots; return the new records.
+
+    `predict(candidate)` gives (prediction dict, profile name, notes) before each run. `on_record`
+    is called with each record right after it is appended (the store). `retry` lists statuses
+    to run again (e.g. ("timeout",)). No run starts, or runs past, `deadline_s` seconds from now.
+    `concurrent=False` runs one candidate at a time even where slots are free."""
+    slots = slots or [Slot()]
+    done = {r.key for r in read_records(jsonl_path) if r.result.status not in retry}
+    pending = [c for c in candidates if c.key() not in done]
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    free, running, new = list(slots), {}, []
+
+    def finish(c: Candidate, result: RunResult, pred):
+        record = RunRecord.now(c, result, *pred)
+        append_record(jsonl_path, record)
+        if on_record:
+            on_record(record)
+        new.append(record)
+
+    with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+        while pending or running:
+            while pending and (end is None or time.monotonic() < end):
+                head = pending[0]
+                if head.gpus > len(slots) and slots[0].gpu is not None:
+                    pending.pop(0)
+                    finish(head, RunResult(status="crash", reason=f"needs {head.gpus} GPUs, the machine has {len(slots)}"),
+                           (None, None, []))
+                    continue
+                take = 1 if slots[0].gpu is None else head.gpus
+                if len(free) < take or ((not concurrent or slots[0].gpu is None) and running):
+                    break  # strict order: the head waits for its GPUs
+                pending.pop(0)
+                mine, free = free[:take], free[take:]
+                pred = predict(head) if predict else (None, None, [])
+                budget = settings.timeout_s if end is None else max(1.0, min(settings.timeout_s, end - time.monotonic()))
+                future = pool.submit(run_candidate, head, workdir, replace(settings, timeout_s=budget), mine)
+                running[future] = [head, mine, pred, 1]
+                for entry in running.values():
+                    entry[3] = max(entry[3], len(running))
+            if end is not None and time.monotonic() >= end and not running:
+                break
+            if not running:
+                continue
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in finished:
+                c, mine, pred, overlap = running.pop(future)
+                free.extend(mine)
+                finish(c, replace(future.result(), concurrent_runs=overlap), pred)
+    return new
+
+
+def prebuild_ops(python: str = sys.executable, gpu: bool = True, timeout_s: float = 600) -> dict:
+    """Compile DeepSpeed's CPUAdam (and FusedAdam with a GPU) once, side by side, before timed
+    runs: the JIT cache (~/.cache/torch_extensions) then serves every run. Returns seconds and
+    the last error line per op."""
+    ops = ["CPUAdamBuilder"] + (["FusedAdamBuilder"] if gpu else [])
+    start, procs = time.perf_counter(), {}
+    for op in ops:
+        code = f"from deepspeed.ops.op_builder import {op}; {op}().load()"
+        procs[op] = subprocess.Popen([python, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    report = {}
+    for op, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=max(1.0, timeout_s - (time.perf_counter() - start)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err, proc.returncode = "timed out", -1
+        report[op] = {"seconds": round(time.perf_counter() - start, 1), "ok": proc.returncode == 0,
+                      "error": "" if proc.returncode == 0 else (err.strip().splitlines() or [""])[-1][:300]}
+    return report

@@ -1,0 +1,309 @@
+"""The real-run harness: train the validation model with DeepSpeed for a few steps and measure them.
+
+    torchrun --nproc-per-node N -m calibration.harness.train --model PRESET_OR_JSON --seq 4096 \\
+        --ds-config ds.json --warmup 2 --steps 3 --out result.json [--images N | --frames N] \\
+        [--freeze-vision] [--sp K] [--checkpoint-every K]
+
+The optimizer is the ds_config's: DeepSpeed builds FusedAdam on the GPU and DeepSpeedCPUAdam
+when the optimizer is offloaded; on a machine without a GPU the harness sets `torch_adam: true`
+(and fp32) and says so in `config_adjustments`. Every rank measures its own GPU over the same
+window; rank 0 writes the JSON result. A rank that fails writes `OUT.rankR.error.json` and exits
+at once (its peers are stopped by torchrun) so that the runner can tell OOM from a crash.
+The `__main__` guard matters: SuperOffload spawns CPU-optimizer workers that re-import this module.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+from calibration.harness.measure import HostMemorySampler
+from calibration.harness.result import RunResult
+
+GIB = 2**30
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m calibration.harness.train", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="preset name or path of a Hugging Face config.json")
+    p.add_argument("--seq", type=int, required=True, help="context length per sample, vision tokens included")
+    p.add_argument("--ds-config", required=True, help="DeepSpeed config JSON file")
+    p.add_argument("--warmup", type=int, default=2, help="steps run before the measured window")
+    p.add_argument("--steps", type=int, default=3, help="measured optimizer steps (at least)")
+    p.add_argument("--min-window-s", type=float, default=1.0,
+                   help="run more steps until the window is this long (NVML's counter ticks every ~100 ms)")
+    p.add_argument("--max-steps", type=int, default=50, help="cap on measured steps for fast configs")
+    p.add_argument("--out", required=True, help="result JSON path (written by rank 0)")
+    vision = p.add_mutually_exclusive_group()
+    vision.add_argument("--images", type=int, default=0, help="images per sample")
+    vision.add_argument("--frames", type=int, default=0, help="video frames per sample")
+    p.add_argument("--image-size", type=int, default=None, help="pixels per side (the preset's by default)")
+    p.add_argument("--freeze-vision", action="store_true", help="freeze the vision encoder (projector trains)")
+    p.add_argument("--sp", type=int, default=None,
+                   help="Ulysses degree (default: ds_config's sequence_parallel_size, else 1)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="checkpoint every k-th block (0 none, 1 all; default: from the ds_config's "
+                        "activation_checkpointing.number_checkpoints, as advisor.ds_config writes it)")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def prepare_config(cfg: dict, device_kind: str) -> tuple[dict, list[str]]:
+    """The ds_config as run, and what was changed so that it runs on this device."""
+    cfg, changes = json.loads(json.dumps(cfg)), []
+    if "optimizer" not in cfg:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4}}
+        changes.append("added optimizer AdamW lr=1e-4 (the ds_config had none)")
+    if device_kind == "cpu":
+        params = cfg["optimizer"].setdefault("params", {})
+        if not params.get("torch_adam"):
+            params["torch_adam"] = True
+            changes.append("optimizer.params.torch_adam=true (no GPU: FusedAdam needs CUDA)")
+        for half in ("bf16", "fp16"):
+            if cfg.get(half, {}).get("enabled"):
+                cfg[half]["enabled"] = False
+                changes.append(f"{half} disabled (CPU run in fp32)")
+    return cfg, changes
+
+
+def checkpoint_every_from_config(cfg: dict, num_layers: int) -> int:
+    """advisor.ds_config's convention: no `activation_checkpointing` section means none; a section
+    checkpoints every k-th block with k the smallest giving at most `number_checkpoints`
+    (= ceil(layers / k)) checkpointed blocks; a section without that key means every block."""
+    section = cfg.get("activation_checkpointing")
+    if section is None:
+        return 0
+    n = section.get("number_checkpoints")
+    if n is None or n >= num_layers:
+        return 1
+    if n < 1:
+        raise ValueError(f"activation_checkpointing.number_checkpoints must be at least 1, got {n}")
+    return next(k for k in range(1, num_layers + 1) if math.ceil(num_layers / k) <= n)
+
+
+def _dtype(cfg: dict):
+    import torch
+
+    if cfg.get("bf16", {}).get("enabled"):
+        return torch.bfloat16
+    if cfg.get("fp16", {}).get("enabled"):
+        return torch.float16
+    return torch.float32
+
+
+def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | None:
+    """Run warm-up and measured steps; rank 0 gets the combined result, other ranks None."""
+    import deepspeed
+    import torch
+    from deepspeed import comm as dist
+
+    from calibration.harness.data import make_batch
+    from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
+    from calibration.harness.model import Checkpointing, Transformer
+    from models.architecture import load_architecture
+    from models.workload import Workload
+
+    cuda = torch.cuda.is_available()
+    device_kind = "cuda" if cuda else "cpu"
+    with open(args.ds_config) as f:
+        cfg, adjustments = prepare_config(json.load(f), device_kind)
+    arch = load_architecture(args.model)
+    if args.freeze_vision and arch.vision is None:
+        raise ValueError(f"--freeze-vision: model '{arch.name}' has no vision encoder")
+    workload = Workload(arch, args.seq, images=args.images, frames=args.frames, image_size=args.image_size,
+                        train_vision=arch.vision is not None and not args.freeze_vision)
+
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    sp = args.sp or int(cfg.get("sequence_parallel_size", 1))
+    mpu, attention_wrapper, sp_rank = None, None, 0
+    if sp > 1:
+        from deepspeed.runtime.sequence_parallel import parallel_state_sp as mpu
+        from deepspeed.sequence.layer import DistributedAttention
+
+        mpu.initialize_sequence_parallel(sp)
+        sp_group, sp_rank = mpu.get_sequence_parallel_group(), mpu.get_sequence_parallel_rank()
+        attention_wrapper = lambda core: DistributedAttention(core, sp_group, scatter_idx=2, gather_idx=1)  # noqa: E731
+    dp_rank = rank // sp  # parallel_state_sp makes each sp group a contiguous range of ranks
+
+    every = args.checkpoint_every
+    if every is None:
+        every = checkpoint_every_from_config(cfg, arch.num_layers)
+    checkpointing = Checkpointing()
+    if every:
+        deepspeed.checkpointing.configure(mpu, deepspeed_config=cfg)
+        checkpointing = Checkpointing(every, deepspeed.checkpointing.checkpoint)
+
+    dtype = _dtype(cfg)
+    stage = int(cfg.get("zero_optimization", {}).get("stage", 0))
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # build in the training dtype: no fp32 copy on the way
+    try:
+        if stage == 3:  # partition while building, as a real 7B-70B run must
+            group = mpu.get_sequence_data_parallel_group() if mpu else None
+            # dtype comes from the config: zero.Init mis-parses an explicit dtype on a CPU accelerator
+            with deepspeed.zero.Init(config_dict_or_path=cfg, data_parallel_group=group):
+                model = Transformer(arch, args.image_size, checkpointing, attention_wrapper)
+        else:
+            with device:
+                model = Transformer(arch, args.image_size, checkpointing, attention_wrapper)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    if args.freeze_vision:
+        model.freeze_vision_encoder()
+
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg, mpu=mpu
+    )
+    micro_batch, grad_accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    batch = make_batch(workload, micro_batch, sp, sp_rank, dp_rank, device, dtype)
+    # Peaks below are of training (warm-up and measured steps), not of start-up transients.
+    init_peak, host_init_peak = (torch.cuda.max_memory_allocated() if cuda else None), sampler.peak_bytes
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    sampler.reset()
+
+    def step():
+        for _ in range(grad_accum):
+            loss = engine(**batch.as_kwargs())
+            engine.backward(loss)
+            engine.step()
+        return loss.item()
+
+    monitor = energy_monitor([local_rank] if cuda else [], sync)
+    losses, warm_s = [], 0.0
+    for _ in range(args.warmup):
+        start = time.perf_counter()
+        losses.append(step())
+        sync()
+        warm_s = time.perf_counter() - start
+    # Same step count on every rank (collectives), enough for a window NVML can resolve.
+    slowest = torch.tensor([warm_s], device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    steps = args.steps
+    if slowest.item() > 0:
+        steps = max(args.steps, min(args.max_steps, math.ceil(args.min_window_s / slowest.item())))
+
+    step_times, cpu_before = [], process_tree_cpu_s()
+    monitor.begin_window("measured")
+    window_start = time.perf_counter()
+    for _ in range(steps):
+        start = time.perf_counter()
+        losses.append(step())
+        sync()
+        step_times.append(time.perf_counter() - start)
+    measurement = monitor.end_window("measured")
+    window_s = time.perf_counter() - window_start
+    cpu_s = process_tree_cpu_s() - cpu_before
+
+    sampler.sample()
+    mine = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "gpu_energy_j": measurement.gpu_energy_j,
+        "gpu_power_avg_w": measurement.gpu_power_avg_w,
+        "cpu_energy_j": measurement.cpu_energy_j if local_rank == 0 else None,
+        "cpu_energy_estimated": bool(measurement.cpu_energy_estimated),
+        "cpu_s": cpu_s,
+        "peak_alloc": torch.cuda.max_memory_allocated() if cuda else None,
+        "peak_reserved": torch.cuda.max_memory_reserved() if cuda else None,
+        "host_peak": sampler.peak_bytes,
+    }
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        engine.destroy()
+        return None
+    engine.destroy()
+
+    def total(key):
+        values = [r[key] for r in everyone]
+        return None if any(v is None for v in values) else values
+
+    gpu = total("gpu_energy_j")
+    node_cpu = [r["cpu_energy_j"] for r in everyone if r["local_rank"] == 0]
+    step_time = window_s / steps
+    tokens = micro_batch * grad_accum * (world // sp) * args.seq
+    return RunResult(
+        status="ok",
+        step_time_s=step_time,
+        gpu_energy_j=sum(sum(d.values()) for d in gpu) / steps if gpu else None,
+        cpu_energy_j=sum(node_cpu) / steps if node_cpu and None not in node_cpu else None,
+        cpu_energy_estimated=any(r["cpu_energy_estimated"] for r in everyone),
+        peak_gpu_mem_gib=max(total("peak_alloc")) / GIB if cuda else None,
+        peak_gpu_reserved_gib=max(total("peak_reserved")) / GIB if cuda else None,
+        peak_host_mem_gib=sum(r["host_peak"] for r in everyone) / GIB,
+        tokens_per_s=tokens / step_time,
+        warmup_steps=args.warmup,
+        measured_steps=steps,
+        window_s=window_s,
+        step_times_s=step_times,
+        gpu_energy_window_j={str(r["rank"]): sum(r["gpu_energy_j"].values()) for r in everyone} if gpu else None,
+        gpu_power_avg_w=_per_rank_power(everyone),
+        cpu_process_core_s=sum(r["cpu_s"] for r in everyone) / steps,
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        gpu_meter=getattr(monitor, "gpu_meter_kind", "absent"),
+        cpu_meter=_cpu_meter_label(monitor, any(r["cpu_energy_estimated"] for r in everyone)),
+        world_size=world,
+        config_adjustments=adjustments,
+        machine={
+            **machine_info(device_kind),
+            "peak_gpu_mem_init_gib": init_peak / GIB if cuda else None,
+            "peak_host_mem_init_gib_rank0": host_init_peak / GIB,
+        },
+    )
+
+
+def _cpu_meter_label(monitor, estimated: bool) -> str:
+    kind = getattr(monitor, "cpu_meter_kind", "absent")
+    basis = getattr(monitor, "cpu_estimate_basis", None)
+    return f"{kind}; {basis}" if estimated and basis else kind
+
+
+def _per_rank_power(everyone: list[dict]) -> dict[str, float] | None:
+    if any(not r["gpu_power_avg_w"] for r in everyone):
+        return None
+    return {str(r["rank"]): sum(r["gpu_power_avg_w"].values()) for r in everyone}
+
+
+def classify_failure(exc: BaseException) -> str:
+    """oom for GPU (or host allocator) out-of-memory errors, crash for anything else."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if "outofmemoryerror" in text or "out of memory" in text or isinstance(exc, MemoryError):
+        return "oom"
+    return "crash"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    sampler = HostMemorySampler().start()
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        result = train(args, sampler)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
+        traceback.print_exc()
+        status = classify_failure(exc)
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500]
+        RunResult(status=status, reason=f"rank {rank}: {reason}").write(f"{args.out}.rank{rank}.error.json")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # peers may be blocked in a collective; do not wait for a clean teardown
+    sampler.stop()
+    if result is not None:
+        result.write(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Microbenchmarks, one module per family; each exposes `items(ctx) -> list[BenchItem]`."""

@@ -1,0 +1,133 @@
+"""Host CPU: the offloaded optimizer step (params/s on all cores) and memory bandwidth.
+
+ZeRO-Offload runs DeepSpeedCPUAdam on the host; its throughput bounds the step when the
+optimizer is offloaded. DeepSpeedCPUAdam is JIT-compiled with the host compiler at first
+use (about a minute and a half); when it cannot be built, torch.optim.AdamW(foreach) on
+the CPU is measured instead and the result says which optimizer ran and why.
+Only local rank 0 runs these, with all the host's cores: the node's ranks share the CPU.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+from calibration.microbench.common import BenchContext, BenchItem
+
+
+def host_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _deepspeed_cpu_adam_built() -> bool:
+    """True if DeepSpeedCPUAdam is prebuilt or already JIT-built (loading it costs no compile)."""
+    try:
+        from deepspeed.git_version_info import installed_ops
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+        from torch.utils.cpp_extension import _get_build_directory
+    except Exception:
+        return False
+    if installed_ops.get("cpu_adam"):
+        return True
+    build_dir = _get_build_directory(CPUAdamBuilder.NAME, verbose=False)
+    return os.path.exists(os.path.join(build_dir, f"{CPUAdamBuilder.NAME}.so"))
+
+
+def choose_optimizer(ctx: BenchContext) -> tuple[str, str]:
+    """("deepspeed" | "torch", why)."""
+    if ctx.cpu_adam == "torch":
+        return "torch", "asked for with --cpu-adam torch"
+    if ctx.cpu_adam == "deepspeed":
+        return "deepspeed", "asked for with --cpu-adam deepspeed"
+    if ctx.is_cuda or _deepspeed_cpu_adam_built():
+        return "deepspeed", "default"
+    return "torch", ("DeepSpeedCPUAdam is not built yet and the CPU path skips its ~1.5 min JIT build "
+                     "(use --cpu-adam deepspeed to build and measure it)")
+
+
+def adam_params(quick: bool, cpu: bool) -> int:
+    if cpu:
+        return 2**22
+    return 2**26 if quick else 2**28  # 64M params = 1 GiB of fp32 state each; 256M = 4 GiB
+
+
+def _make_optimizer(kind: str, params):
+    if kind == "deepspeed":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, lr=1e-4, adamw_mode=True)
+    return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+
+
+def bench_cpu_adam(ctx: BenchContext) -> dict:
+    if ctx.local_rank != 0:
+        return {"ran": False}
+    n = adam_params(ctx.sizes.quick, not ctx.is_cuda)
+    cores = host_cores()
+    kind, why = choose_optimizer(ctx)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        p = torch.nn.Parameter(torch.randn(n, dtype=torch.float32))
+        p.grad = torch.randn(n, dtype=torch.float32)
+        try:
+            opt = _make_optimizer(kind, [p])
+            opt.step()
+        except Exception as exc:  # compile failure, missing compiler, ...
+            if kind != "deepspeed":
+                raise
+            why = f"DeepSpeedCPUAdam failed ({type(exc).__name__}: {str(exc)[:200]}); fell back"
+            kind = "torch"
+            opt = _make_optimizer(kind, [p])
+            opt.step()
+        times = []
+        for _ in range(3 if not ctx.sizes.quick else 2):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(old_threads)
+    t = statistics.median(times)
+    name = "DeepSpeedCPUAdam" if kind == "deepspeed" else "torch.optim.AdamW(foreach=True)"
+    return {"ran": True, "optimizer": name, "why": why, "params": n, "threads": cores,
+            "step_time_s": t, "params_per_s": n / t}
+
+
+def host_memory_bytes(quick: bool, cpu: bool) -> int:
+    return 64 * 2**20 if cpu else (2**30 if quick else 4 * 2**30)
+
+
+def bench_host_memory(ctx: BenchContext) -> dict:
+    """Multi-threaded host copy; bandwidth counts bytes read plus bytes written."""
+    if ctx.local_rank != 0:
+        return {"ran": False}
+    nbytes = host_memory_bytes(ctx.sizes.quick, not ctx.is_cuda)
+    cores = host_cores()
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        src = torch.ones(nbytes // 4, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(old_threads)
+    t = statistics.median(times)
+    return {"ran": True, "bytes": nbytes, "bytes_moved": 2 * nbytes, "threads": cores,
+            "time_s": t, "bytes_per_s": 2 * nbytes / t}
+
+
+def items(ctx: BenchContext) -> list[BenchItem]:
+    return [
+        BenchItem("cpu/host_memory", "host_memory", bench_host_memory, label="host memory copy, all cores"),
+        BenchItem("cpu/adam", "cpu_adam", bench_cpu_adam, label="CPU Adam step, all cores"),
+    ]

@@ -1,0 +1,326 @@
+"""Raw results -> a HardwareProfile dict (validated by models.profile.parse_profile).
+
+Every constant says where it came from. A constant that this machine could not measure
+(a collective on one GPU, the inter-node network on one node, GPU power on a CPU-only
+run) is either copied from a reference profile (`fill_from`) or filled with a stated
+placeholder whose source says "not measured" and why. A constant that should have been
+measured but failed is an error naming the benchmarks to rerun, never a made-up number.
+"""
+from __future__ import annotations
+
+from statistics import median
+
+from calibration.cpu_power import estimate_cpu_power
+from calibration.fitting import COLLECTIVE_OPS, bus_factor, build_curve, fit_alpha_beta
+from calibration.rawlog import RawResult
+from models.profile import SCHEMA_VERSION, HardwareProfile, parse_profile
+
+NEUTRAL_OVERHEADS = {  # not this calibration's job: fitted later from short real DeepSpeed runs
+    "step": (0.0, "s"), "micro_step": (0.0, "s"), "zero3_module_pass": (0.0, "s"),
+    "offload_step_per_gparam": (0.0, "s"), "compute_efficiency": (1.0, "fraction"),
+    "comm_efficiency": (1.0, "fraction"),
+}
+
+
+class MissingMeasurements(RuntimeError):
+    """Required measurements are absent or failed; the message lists them and the fix."""
+
+
+def _q(value: float, unit: str, source: str) -> dict:
+    return {"value": float(value), "unit": unit, "source": source}
+
+
+def _span(values, unit="B") -> str:
+    lo, hi = min(values), max(values)
+    fmt = (lambda v: f"{v / 2**20:g} MiB" if v >= 2**20 else f"{v / 2**10:g} KiB") if unit == "B" else str
+    return f"{fmt(lo)}-{fmt(hi)}"
+
+
+class ProfileBuilder:
+    """Builds one profile dict from a calibration's environment facts and raw results."""
+
+    def __init__(self, env: dict, results: dict[str, RawResult], *, name: str, raw_file: str,
+                 fill_from: HardwareProfile | None = None, cpu_tdp_w: float | None = None,
+                 cpu_idle_w: float | None = None):
+        self.env, self.name, self.raw_file, self.ref = env, name, raw_file, fill_from
+        self.ok = {k: r for k, r in results.items() if r.status == "ok"}
+        self.failed = {k: r for k, r in results.items() if r.status == "failed"}
+        self.skipped = {k: r for k, r in results.items() if r.status == "skipped"}
+        self.cpu = env["kind"] == "cpu"
+        self.missing: list[str] = []
+        self.estimate = estimate_cpu_power(int(env["host_cores"]), cpu_tdp_w, cpu_idle_w)
+        self.cpu_tag = "placeholder for a CPU profile (not measured on a GPU)"
+
+    # -- helpers ---------------------------------------------------------------------------
+    def family(self, fam: str) -> list[dict]:
+        return [r.data for r in self.ok.values() if r.family == fam and r.data.get("ran", True)]
+
+    def need(self, fam: str, what: str) -> list[dict]:
+        rows = self.family(fam)
+        if not rows:
+            why = "; ".join(f"{k}: {r.reason}" for k, r in self.failed.items() if r.family == fam)
+            self.missing.append(f"{what} (benchmark family '{fam}'{': ' + why if why else ': no results'})")
+        return rows
+
+    def from_ref(self, path: str, why: str):
+        """The reference profile's value at `path` (dotted), re-labelled, or None."""
+        if self.ref is None:
+            return None
+        node = self.ref.model_dump()
+        for part in path.split("."):
+            node = node[part]
+        node = dict(node)
+        node["source"] = f"from profile '{self.ref.name}' ({why}): {node['source']}"
+        return node
+
+    def _curve(self, rows, xk, yk, x_unit, y_unit, what) -> dict | None:
+        if not rows:
+            return None
+        pts = build_curve([r[xk] for r in rows], [r[yk] for r in rows])
+        return {"x_unit": x_unit, "y_unit": y_unit, "x": pts.x, "y": pts.y, "source": what}
+
+    # -- sections --------------------------------------------------------------------------
+    def gpu(self) -> dict:
+        env, tag = self.env, self.cpu_tag
+        gemm = self.need("gemm", "gpu.gemm_bf16")
+        att = self.need("attention", "gpu.attention_*_bf16")
+        hbm = self.need("hbm", "gpu.hbm_bandwidth")
+        d = median([r["head_dim"] for r in att]) if att else 128
+        att = [r for r in att if r["head_dim"] == (128 if any(r["head_dim"] == 128 for r in att) else d)]
+        where = tag if self.cpu else "measured"
+        gemm_src = (f"{where}: bf16 torch.matmul at {len(gemm)} transformer shapes (tokens x hidden, hidden x FFN, "
+                    f"weight gradients, logits), median of timed batches; log-binned, isotonic non-decreasing; "
+                    f"raw points in {self.raw_file}")
+        att_src = lambda fb: (f"{where}: torch SDPA causal {fb}, head_dim {att[0]['head_dim'] if att else '?'}, "
+                              f"counting causal FLOPs only (bwd = 2.5 x fwd); raw in {self.raw_file}")
+        if self.cpu:
+            memory = _q(env["host_memory_gib"] or 0.0, "GiB", f"{tag}: host memory (psutil)")
+            cap = _q(self.estimate.busy_w, "W", f"{tag}: host CPU busy power, {self.estimate.basis}")
+        else:
+            memory = _q(env["gpu_memory_gib"], "GiB", "torch.cuda.get_device_properties(0).total_memory")
+            if env.get("gpu_power_limit_w"):
+                cap = _q(env["gpu_power_limit_w"], "W", "NVML enforced power limit (nvmlDeviceGetEnforcedPowerLimit)")
+            else:
+                cap = self.from_ref("gpu.power_cap", "NVML unavailable here")
+                if cap is None:
+                    self.missing.append("gpu.power_cap (NVML unavailable: pip install nvidia-ml-py)")
+        hbm_src = (f"{tag}: multi-threaded host memory copy, bytes read + written" if self.cpu else
+                   f"measured: device-to-device copy of {_span([r['bytes'] for r in hbm]) if hbm else '?'}, "
+                   "bytes read + written, best size")
+        return {
+            "name": env["gpu"] or f"{env['host_cpu']} (CPU profile)",
+            "memory_gib": memory,
+            "gemm_bf16": self._curve(gemm, "flops", "flop_per_s", "flop", "flop/s", gemm_src),
+            "attention_fwd_bf16": self._curve(att, "seq_len", "fwd_flop_per_s", "tokens", "flop/s", att_src("forward")),
+            "attention_bwd_bf16": self._curve(att, "seq_len", "bwd_flop_per_s", "tokens", "flop/s", att_src("backward")),
+            "hbm_bandwidth": _q(max(r["bytes_per_s"] for r in hbm), "bytes/s", hbm_src) if hbm else None,
+            "power_cap": cap,
+        }
+
+    def host(self) -> dict:
+        env, tag = self.env, self.cpu_tag
+        one_way = self.need("hostlink", "host.h2d / host.d2h")
+        adam = self.need("cpu_adam", "host.cpu_adam")
+        mem = self.need("host_memory", "host.memory_bandwidth")
+
+        def link_curve(direction):
+            rows = [r for r in one_way if r["direction"] == direction]
+            if self.cpu:
+                src = f"{tag}: host-to-host copy, no device link"
+            else:
+                src = (f"measured: pinned {direction.upper()} copies of {_span([r['bytes'] for r in rows])}, "
+                       f"one way ({env['link']}); both-ways results in {self.raw_file}")
+            return self._curve(rows, "bytes", "bytes_per_s", "bytes", "bytes/s", src)
+
+        adam_q = None
+        if adam:
+            a = adam[0]
+            adam_q = _q(a["params_per_s"], "params/s",
+                        f"{'measured' if not self.cpu else 'measured on the CPU path'}: {a['optimizer']} step of "
+                        f"{a['params']} fp32 params on {a['threads']} threads, median ({a['why']})")
+        mem_q = None
+        if mem:
+            m = mem[0]
+            mem_q = _q(m["bytes_per_s"], "bytes/s", f"measured: torch copy of {m['bytes'] >> 20} MiB on "
+                       f"{m['threads']} threads, bytes read + written")
+        return {
+            "cpu": env["host_cpu"],
+            "cores": _q(env["host_cores"], "count", "os.sched_getaffinity (cores this process may use)"),
+            "memory_gib": _q(env["host_memory_gib"] or 0.0, "GiB", "psutil.virtual_memory().total"),
+            "memory_bandwidth": mem_q,
+            "link": env["link"],
+            "h2d": link_curve("h2d"),
+            "d2h": link_curve("d2h"),
+            "cpu_adam": adam_q,
+        }
+
+    def collective(self, op: str, scope: str, size: int, label: str) -> dict | None:
+        rows = [r for r in self.family("collective") if r["op"] == op and r["scope"] == scope
+                and r["group_size"] == size]
+        if len(rows) < 2:
+            self.missing.append(f"{label}.{op} (collective benchmarks for {scope} group of {size})")
+            return None
+        factor = bus_factor(op, size)
+        fit = fit_alpha_beta([r["bytes"] for r in rows], [r["time_s"] for r in rows], factor)
+        what = (f"{rows[0]['backend']} {rows[0]['dtype']}, {len(rows)} sizes {_span([r['bytes'] for r in rows])}, "
+                f"group of {size} ({'within a node' if scope == 'intra' else 'across nodes'})")
+        prefix = f"{self.cpu_tag}: gloo" if self.cpu else "measured"
+        alpha = _q(fit.alpha_s, "s", f"{prefix}: alpha-beta fit (relative least squares), {what}; "
+                   f"max rel. error {fit.max_rel_error:.0%}")
+        if fit.bus_bandwidth_bytes_per_s is not None:
+            bw = _q(fit.bus_bandwidth_bytes_per_s, "bytes/s", f"{prefix}: alpha-beta fit, {what}, nccl-tests bus factor")
+        else:
+            big = max(rows, key=lambda r: r["bytes"])
+            ref = self.from_ref(f"{label}.{op}.bus_bandwidth", f"group of {size} crosses no link here")
+            bw = ref or _q(big["algbw_bytes_per_s"], "bytes/s",
+                           f"not measured: a group of {size} crosses no link; placeholder = the local rate "
+                           f"({big['bytes'] >> 20} MiB, bytes/time), not a link bandwidth")
+        return {"alpha": alpha, "bus_bandwidth": bw,
+                "group_size_measured": _q(size, "count", f"ranks in the measured group ({scope})")}
+
+    def networks(self) -> tuple[dict, dict]:
+        local, world = int(self.env["gpus_per_node"]), int(self.env["world_size"])
+        intra = {op: self.collective(op, "intra", local, "intra_node") for op in COLLECTIVE_OPS}
+        if world > local:
+            inter = {op: self.collective(op, "inter", world, "inter_node") for op in COLLECTIVE_OPS}
+        else:
+            inter = {}
+            for op in COLLECTIVE_OPS:
+                ref = self.from_ref(f"inter_node.{op}", "single-node calibration") if self.ref else None
+                if ref is not None:
+                    inter[op] = ref
+                elif intra[op] is not None:
+                    inter[op] = {k: dict(v, source=f"not measured (single-node calibration): placeholder copied "
+                                         f"from intra_node: {v['source']}") for k, v in intra[op].items()}
+                else:
+                    inter[op] = None
+        return intra, inter
+
+    def overlap(self) -> dict:
+        rows = {r["partner"]: r for r in self.family("overlap")}
+
+        def frac(partner, key, field):
+            r = rows.get(partner)
+            if r is None:
+                skip = self.skipped.get(f"overlap/{partner}")
+                if skip is None:
+                    self.missing.append(f"overlap.{field} (benchmark overlap/{partner})")
+                    return None
+                return self.from_ref(f"overlap.{field}", skip.reason) or _q(
+                    0.0, "fraction", f"not measured ({skip.reason}); 0 is a placeholder")
+            v = r[key]
+            note = f"; measured {v:+.1%}, clamped to 0 (noise)" if v < 0 else ""
+            src = (f"{'measured' if not self.cpu else self.cpu_tag + ' (two threads)'}: bf16 GEMM stream beside "
+                   f"{partner.replace('_', '-')} of {r['partner_bytes'] >> 20} MiB, interleaved launches, "
+                   f"{r['world_size']} ranks{note}")
+            return _q(max(v, 0.0), "fraction", src)
+
+        return {
+            "compute_slowdown_with_collective": frac("all_gather", "compute_slowdown", "compute_slowdown_with_collective"),
+            "compute_slowdown_with_all_to_all": frac("all_to_all", "compute_slowdown", "compute_slowdown_with_all_to_all"),
+            "compute_slowdown_with_copy": frac("host_copy", "compute_slowdown", "compute_slowdown_with_copy"),
+            "collective_slowdown_with_compute": frac("all_gather", "other_slowdown", "collective_slowdown_with_compute"),
+        }
+
+    def power(self) -> dict:
+        phases = {r["phase"]: r for r in self.family("power")}
+        est = self.estimate
+
+        def gpu_phase(phase):
+            if self.cpu:
+                idle_like = phase in ("idle", "wait")
+                v = est.idle_w if idle_like else est.busy_w
+                return _q(v, "W", f"{self.cpu_tag}: no GPU power meter; host CPU {'idle' if idle_like else 'busy'} "
+                                  f"{est.basis}")
+            r = phases.get(phase)
+            if r is not None and r["gpu_power_w"] is not None:
+                return _q(r["gpu_power_w"], "W", f"measured: NVML energy counter over {r['time_s']:.1f} s, "
+                          f"{r.get('workload', r.get('cpu_work', ''))}, mean over {len(r['per_rank'])} GPU(s)")
+            skip = self.skipped.get(f"power/{phase}")
+            ref = self.from_ref(f"power.gpu.{phase if phase != 'dense_compute' else 'compute'}",
+                                skip.reason if skip else "not measured here")
+            if ref is not None:
+                return ref
+            if skip is not None and phase == "collective" and phases.get("memory_bound", {}).get("gpu_power_w"):
+                return _q(phases["memory_bound"]["gpu_power_w"], "W",
+                          f"not measured ({skip.reason}); placeholder = measured memory-bound power")
+            self.missing.append(f"power.gpu.{phase} (benchmark power/{phase}; NVML needed: pip install nvidia-ml-py)")
+            return None
+
+        gpu = {"idle": gpu_phase("idle"), "wait": gpu_phase("wait"), "compute": gpu_phase("dense_compute"),
+               "memory_bound": gpu_phase("memory_bound"), "collective": gpu_phase("collective"),
+               "host_copy": gpu_phase("host_copy"), "overlap": gpu_phase("overlap")}
+        idle, wait = phases.get("idle", {}), phases.get("wait", {})
+        if idle.get("cpu_power_w") is not None and wait.get("cpu_power_w") is not None:
+            sensor = idle["cpu_meter"]
+            cpu = {"idle": _q(idle["cpu_power_w"], "W", f"measured: {sensor} over the idle window"),
+                   "optimizer": _q(wait["cpu_power_w"], "W", f"measured: {sensor} while {wait.get('cpu_work')}"),
+                   "measured": True, "sensor": sensor}
+        else:
+            cpu = {"idle": _q(est.idle_w, "W", f"absent sensor; {est.basis}"),
+                   "optimizer": _q(est.busy_w, "W", f"absent sensor; {est.basis}"),
+                   "measured": False, "sensor": "absent"}
+        return {"gpu": gpu, "cpu": cpu, "nvml_scope": self.env.get("nvml_scope", "gpu")}
+
+    def memory(self) -> dict:
+        rows = self.family("memory")
+        if rows:
+            fr = _q(rows[0]["framework_gib"], "GiB", "measured: device memory in use minus torch's reserved pool "
+                    "after cuBLAS, SDPA and NCCL were loaded (largest over ranks)")
+        else:
+            fr = self.from_ref("memory.framework_reserved", "not measured here") or _q(
+                0.0, "GiB", f"{self.cpu_tag}: no device memory" if self.cpu else
+                "not measured (benchmark memory/framework_reserved failed); 0 is a placeholder")
+        frag = self.from_ref("memory.fragmentation", "not measured by microbenchmarks") or _q(
+            0.0, "fraction", "placeholder, not measured: fitted from real runs (calibration harness)")
+        return {"framework_reserved": fr, "fragmentation": frag}
+
+    def overheads(self) -> dict:
+        out = {}
+        for k, (v, unit) in NEUTRAL_OVERHEADS.items():
+            out[k] = self.from_ref(f"overheads.{k}", "fitted from real runs, not microbenchmarks") or _q(
+                v, unit, "placeholder, not measured: neutral value until fitted from short real DeepSpeed runs")
+        return out
+
+    def build(self) -> dict:
+        env = self.env
+        intra, inter = self.networks()
+        profile = {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "provenance": {
+                "kind": "cpu" if self.cpu else "measured",
+                "date": env["date"], "machine": env["machine"], "gpu": env["gpu"] or "none (CPU profile)",
+                "driver": env.get("driver"), "cuda": env.get("cuda"), "torch": env.get("torch"),
+                "deepspeed": env.get("deepspeed"), "host_cpu": env.get("host_cpu"),
+                "notes": self.notes(),
+            },
+            "gpus_per_node": _q(env["gpus_per_node"], "count", "ranks per node in the calibration run"),
+            "gpu": self.gpu(), "host": self.host(), "intra_node": intra, "inter_node": inter,
+            "overlap": self.overlap(), "power": self.power(), "overheads": self.overheads(), "memory": self.memory(),
+        }
+        if self.missing:
+            raise MissingMeasurements(
+                "cannot write the profile, these were not measured: " + "; ".join(self.missing) +
+                ". Run the same command again to retry only what is missing (the raw file is kept), "
+                "or pass --fill-from PROFILE to take them from another profile.")
+        return profile
+
+    def notes(self) -> str:
+        env = self.env
+        parts = [f"advisor calibrate{' --quick' if env.get('quick') else ''}: {env['world_size']} rank(s) on "
+                 f"{env.get('nodes', 1)} node(s); raw measurements in {self.raw_file}"]
+        if env.get("nvml_scope_basis"):
+            parts.append(f"NVML scope: {env.get('nvml_scope')} ({env['nvml_scope_basis']})")
+        if self.failed:
+            parts.append("failed: " + ", ".join(sorted(self.failed)))
+        if self.skipped:
+            parts.append("skipped: " + "; ".join(f"{k} ({r.reason})" for k, r in sorted(self.skipped.items())))
+        return ". ".join(parts)
+
+
+def build_profile(env: dict, results: dict[str, RawResult], **kwargs) -> dict:
+    """A validated profile dict; raises MissingMeasurements or models.profile.ProfileError."""
+    data = ProfileBuilder(env, results, **kwargs).build()
+    parse_profile(data, origin=f"calibration of {env.get('machine')}")
+    return data

@@ -1,0 +1,68 @@
+"""Human-readable one-liners per result and the closing summary table (rich)."""
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def _rate(v: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def one_line(family: str, data: dict) -> str:
+    """A few words on one result, shown beside the progress bar."""
+    if not data or data.get("ran") is False:
+        return "done"
+    if family == "gemm":
+        return _rate(data["flop_per_s"], "FLOP/s")
+    if family == "attention":
+        return f"fwd {_rate(data['fwd_flop_per_s'], 'FLOP/s')}, bwd {_rate(data['bwd_flop_per_s'], 'FLOP/s')}"
+    if family in ("hbm", "hostlink", "host_memory"):
+        return _rate(data["bytes_per_s"], "B/s")
+    if family == "hostlink_both":
+        return f"H2D {_rate(data['h2d_bytes_per_s'], 'B/s')}, D2H {_rate(data['d2h_bytes_per_s'], 'B/s')}"
+    if family == "cpu_adam":
+        return f"{_rate(data['params_per_s'], 'params/s')} ({data['optimizer']})"
+    if family == "collective":
+        return f"{data['time_s'] * 1e6:.0f} us, bus {_rate(data['busbw_bytes_per_s'], 'B/s')}"
+    if family == "overlap":
+        return f"compute +{data['compute_slowdown']:.1%}, other +{data['other_slowdown']:.1%}"
+    if family == "power":
+        gpu = "GPU n/a" if data["gpu_power_w"] is None else f"GPU {data['gpu_power_w']:.0f} W"
+        cpu = "" if data["cpu_power_w"] is None else f", CPU {data['cpu_power_w']:.0f} W"
+        return gpu + cpu
+    if family == "memory":
+        return f"{data['framework_gib']:.2f} GiB"
+    return "done"
+
+
+def summary_table(profile: dict) -> Table:
+    """The headline numbers of a written profile."""
+    t = Table(title=f"profile {profile['name']} ({profile['provenance']['kind']})")
+    t.add_column("constant")
+    t.add_column("value", justify="right")
+    t.add_column("source", overflow="fold")
+    g, h, p = profile["gpu"], profile["host"], profile["power"]
+
+    def row(name, q, unit):
+        t.add_row(name, _rate(q["value"], unit) if unit else f"{q['value']:.3g} {q['unit']}", q["source"][:90])
+
+    t.add_row("GEMM bf16 (largest)", _rate(g["gemm_bf16"]["y"][-1], "FLOP/s"), g["gemm_bf16"]["source"][:90])
+    t.add_row("attention fwd (longest)", _rate(g["attention_fwd_bf16"]["y"][-1], "FLOP/s"), "")
+    t.add_row("attention bwd (longest)", _rate(g["attention_bwd_bf16"]["y"][-1], "FLOP/s"), "")
+    row("memory-bound bandwidth", g["hbm_bandwidth"], "B/s")
+    t.add_row("H2D (largest)", _rate(h["h2d"]["y"][-1], "B/s"), h["h2d"]["source"][:90])
+    t.add_row("D2H (largest)", _rate(h["d2h"]["y"][-1], "B/s"), "")
+    row("CPU Adam", h["cpu_adam"], "params/s")
+    for op, c in profile["intra_node"].items():
+        t.add_row(f"{op} (node)", f"{c['alpha']['value'] * 1e6:.1f} us + {_rate(c['bus_bandwidth']['value'], 'B/s')}",
+                  c["bus_bandwidth"]["source"][:90])
+    for k, q in profile["overlap"].items():
+        row(k, q, "")
+    for k, q in p["gpu"].items():
+        row(f"GPU power {k}", q, "")
+    row("CPU power idle", p["cpu"]["idle"], "")
+    row("CPU power optimizer", p["cpu"]["optimizer"], "")
+    return t

@@ -1,0 +1,87 @@
+"""A wheelhouse for offline nodes: everything calibration and the real runs need, as wheels.
+
+HPC compute nodes are often offline, and DeepSpeed ships only as an sdist. Built on a
+machine with network access, the wheelhouse installs on the node with
+    pip install --no-index --find-links DIR energy-advisor deepspeed
+PyTorch itself is not included (it comes from the site's module or container).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# DeepSpeed's runtime requirements (besides torch), and pydantic's own.
+RUNTIME_PACKAGES = (
+    "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
+    "hjson", "msgpack", "ninja", "py-cpuinfo", "psutil", "einops", "tqdm", "nvidia-ml-py", "packaging",
+)
+# pip matches manylinux_2_N tags exactly (it expands only manylinux2014/2010), so list several.
+MANYLINUX_GLIBC = (17, 24, 27, 28, 31, 34)
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+def default_platforms(arch: str = "x86_64") -> list[str]:
+    """manylinux2014 and manylinux_2_N tags for an architecture (x86_64 or aarch64 for GH200)."""
+    return [f"manylinux2014_{arch}"] + [f"manylinux_2_{n}_{arch}" for n in MANYLINUX_GLIBC]
+
+
+def project_dependencies(project_dir: Path = PROJECT_DIR) -> list[str]:
+    """[project].dependencies of this project's pyproject.toml."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    data = tomllib.loads((project_dir / "pyproject.toml").read_text())
+    return list(data["project"].get("dependencies", []))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the build, with the environment variables it adds."""
+
+    description: str
+    argv: tuple[str, ...]
+    env: dict = field(default_factory=dict)
+
+
+def plan(out_dir: Path, *, python_version: str, platforms: list[str], deepspeed_version: str,
+         project_dir: Path = PROJECT_DIR, extra: tuple[str, ...] = (), python: str = sys.executable) -> list[Step]:
+    """The commands that build the wheelhouse; `run_plan` executes them."""
+    pip = (python, "-m", "pip")
+    out = str(out_dir)
+    target = ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
+    for p in platforms:
+        target += ["--platform", p]
+    wanted = list(RUNTIME_PACKAGES) + project_dependencies(project_dir) + list(extra)
+    return [
+        Step("this project's wheel (pure Python)",
+             (*pip, "wheel", "--no-deps", "--wheel-dir", out, str(project_dir))),
+        Step(f"DeepSpeed {deepspeed_version} as a pure-Python wheel (ops compile on the node at first use)",
+             (*pip, "wheel", f"deepspeed=={deepspeed_version}", "--no-deps", "--no-build-isolation",
+              "--wheel-dir", out), {"DS_BUILD_OPS": "0"}),
+        Step(f"binary wheels for Python {python_version} on {', '.join(platforms)}",
+             (*pip, "download", *target, "--dest", out, *wanted)),
+    ]
+
+
+def install_command(out_dir: Path) -> str:
+    return f"pip install --no-index --find-links {out_dir} energy-advisor deepspeed nvidia-ml-py"
+
+
+def run_plan(steps: list[Step], runner=subprocess.run, echo=print) -> None:
+    """Run each step, stopping at the first failure (CalledProcessError names the command)."""
+    for step in steps:
+        echo(f"{step.description}:\n  {' '.join(step.argv)}")
+        runner(list(step.argv), env={**os.environ, **step.env}, check=True)
+
+
+def write_readme(out_dir: Path, steps: list[Step]) -> Path:
+    note = out_dir / "INSTALL.txt"
+    lines = ["Offline install (PyTorch must already be installed on the node):", "",
+             f"  {install_command(out_dir)}", "", "Built with:"]
+    lines += [f"  {' '.join(f'{k}={v}' for k, v in s.env.items())} {' '.join(s.argv)}".rstrip() for s in steps]
+    note.write_text("\n".join(lines) + "\n")
+    return note

@@ -1,0 +1,92 @@
+"""Energy of one step: the sum over phases of exposed time x power.
+
+GPU power depends on what the GPU does in a phase: dense compute near the power cap,
+memory-bound kernels lower, collectives and host copies lower still, waiting on the CPU
+optimizer or on Python near idle. Compute that ran beside communication draws the
+profile's `overlap` power for that share of its time. GPU energy counts every GPU.
+
+CPU energy: each node's host draws `power.cpu.idle` all step and `power.cpu.optimizer`
+while the CPU optimizer runs (its busy time, even the part SuperOffload hides behind the
+backward). It is an estimate unless the profile says a sensor measured it.
+
+When the GPU meter reads module power (`power.nvml_scope == "module"`, GH200), the
+profile's GPU figures already include the CPU and its memory at rest, and the CPU
+optimizer's extra draw shows up on the module meter too: it is added to the GPU figure,
+and no separate CPU energy is added, so nothing is counted twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.profile import HardwareProfile
+from models.strategy import StrategyBatch
+from models.timing import COMPUTE_PHASES, PHASES, StepTiming
+
+# Which GPU power figure each phase draws (per GPU); compute phases split with `overlap`.
+PHASE_POWER = {
+    "compute": "compute",
+    "attention": "compute",
+    "recompute": "compute",
+    "vision_compute": "compute",
+    "vision_recompute": "compute",
+    "elementwise": "memory_bound",
+    "optimizer_gpu": "memory_bound",
+    "overlap_contention": "overlap",
+    "zero_comm": "collective",
+    "ulysses_all_to_all": "collective",
+    "host_transfer": "host_copy",
+    "cpu_optimizer": "wait",
+    "deepspeed_overhead": "wait",
+}
+assert set(PHASE_POWER) == set(PHASES)
+
+
+@dataclass(frozen=True)
+class StepEnergy:
+    """Joules per step: per phase and in total, GPU (all GPUs of the job) and CPU (all nodes)."""
+
+    phase_gpu_energy_j: dict[str, np.ndarray]
+    phase_cpu_energy_j: dict[str, np.ndarray]
+    gpu_energy_j: np.ndarray
+    cpu_energy_j: np.ndarray
+    cpu_energy_estimated: bool
+    cpu_energy_in_gpu_energy: bool  # module-scope meter: the GPU figure includes the CPU
+
+
+def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) -> StepEnergy:
+    gp, cp = profile.power.gpu, profile.power.cpu
+    gpus = b.gpus.astype(float)
+    nodes = np.ceil(b.gpus / b.gpus_per_node).astype(float)
+    module = profile.power.nvml_scope == "module"
+    phases = timing.phase_time_s
+
+    compute_total = sum(phases[k] for k in COMPUTE_PHASES)
+    share = np.divide(timing.overlapped_compute_s, compute_total, out=np.zeros_like(compute_total),
+                      where=compute_total > 0)
+    share = np.clip(share, 0.0, 1.0)
+    overlap_w = gp.overlap.value
+
+    cpu_extra_w = max(cp.optimizer.value - cp.idle.value, 0.0)  # per node
+    gpu_e, cpu_e = {}, {}
+    for name in PHASES:
+        w = getattr(gp, PHASE_POWER[name]).value
+        if name in COMPUTE_PHASES:
+            w = (1.0 - share) * w + share * overlap_w
+        gpu_e[name] = phases[name] * w * gpus
+        cpu_e[name] = np.zeros_like(phases[name]) if module else phases[name] * cp.idle.value * nodes
+    busy = timing.cpu_optimizer_busy_s
+    if module:
+        # Each module meter sees its own CPU: the node's extra draw split over its GPUs.
+        gpu_e["cpu_optimizer"] = gpu_e["cpu_optimizer"] + busy * cpu_extra_w / profile.gpus_per_node.value * gpus
+    else:
+        cpu_e["cpu_optimizer"] = cpu_e["cpu_optimizer"] + busy * cpu_extra_w * nodes
+    return StepEnergy(
+        phase_gpu_energy_j=gpu_e,
+        phase_cpu_energy_j=cpu_e,
+        gpu_energy_j=sum(gpu_e.values()),
+        cpu_energy_j=sum(cpu_e.values()),
+        cpu_energy_estimated=not cp.measured,
+        cpu_energy_in_gpu_energy=module,
+    )

@@ -1,0 +1,279 @@
+"""Step time as named exposed phases that sum to the step time.
+
+One optimizer step is `grad_accum` micro-steps (forward window, backward window) and a
+boundary (gradient reduction, optimizer, parameter refresh). Within a window, the
+communication DeepSpeed can overlap with compute (ZeRO-3 gathers and reduce-scatters,
+ZeRO-2 reduce-scatters, offload copies) runs beside it when `overlap_comm` is on; both
+streams then slow down by the profile's contention fractions (see `_overlap`). What
+cannot overlap is exposed: ZeRO-0's all-reduce, the all-gather after a ZeRO-1/2 step,
+Ulysses all-to-alls (DistributedAttention waits for them), CPU-checkpoint copies, the
+CPU optimizer (unless SuperOffload hides it behind the last backward) and DeepSpeed's
+own overheads.
+
+Collectives: time = calls * alpha + bus_factor(op, n) * bytes / (bus_bandwidth *
+comm_efficiency), bytes being the full (gathered or reduced) tensor; the intra-node
+network when the group fits in one node, the inter-node one otherwise. ZeRO collectives
+run over all GPUs (with Ulysses, gradients are reduced over the sequence-data-parallel
+group, which is every GPU); all-to-alls over the sp group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.flops import BF16, MicroStepWork
+from models.memory import SUB_GROUP_SIZE, MemoryEstimate
+from models.params import LLM_MODULES_PER_LAYER, VIT_MODULES_PER_LAYER, ParamCounts
+from models.profile import HardwareProfile, Network
+from models.strategy import OFFLOAD_CPU, StrategyBatch
+from models.workload import Workload
+
+PHASES = (
+    "compute", "attention", "elementwise", "recompute", "optimizer_gpu", "zero_comm", "ulysses_all_to_all",
+    "host_transfer", "cpu_optimizer", "overlap_contention", "deepspeed_overhead", "vision_compute",
+    "vision_recompute",
+)
+# Phases whose time is GPU compute (they can hide communication, and run at compute power).
+COMPUTE_PHASES = ("compute", "attention", "elementwise", "recompute", "vision_compute", "vision_recompute")
+# GPU FusedAdam bytes per parameter: read fp32 master, m, v, grad (16), write master, m, v (12),
+# write the bf16 copy (2), and the bf16 -> fp32 gradient conversion (read 2, write 4).
+GPU_ADAM_BYTES_PER_PARAM = 36.0
+
+
+def bus_factor(op: str, n) -> np.ndarray:
+    """nccl-tests bus factors: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n."""
+    n = np.asarray(n, dtype=float)
+    base = (n - 1.0) / np.maximum(n, 1.0)
+    return 2.0 * base if op == "all_reduce" else base
+
+
+def collective_s(profile: HardwareProfile, op: str, total_bytes, calls, n, intra) -> np.ndarray:
+    """Alpha-beta time of `calls` collectives moving `total_bytes` (full tensors) over n ranks."""
+    eff = profile.overheads.comm_efficiency.value
+
+    def one(net: Network):
+        c = getattr(net, op)
+        return calls * c.alpha.value + bus_factor(op, n) * total_bytes / (c.bus_bandwidth.value * eff)
+
+    t = np.where(intra, one(profile.intra_node), one(profile.inter_node))
+    return np.where(np.asarray(n) > 1, t, 0.0)
+
+
+def copy_s(curve, total_bytes, message_bytes) -> np.ndarray:
+    """Host<->device copy time at the link's rate for this message size."""
+    msg = np.maximum(np.asarray(message_bytes, dtype=float), 1.0)
+    return np.asarray(total_bytes, dtype=float) / curve(msg)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One compute window with overlappable communication beside it (seconds)."""
+
+    contention: np.ndarray  # extra time: compute slowed by the concurrent stream
+    exposed_collective: np.ndarray
+    exposed_copy: np.ndarray
+    overlapped_compute: np.ndarray  # compute seconds that ran beside communication
+
+    @property
+    def extra(self) -> np.ndarray:
+        return self.contention + self.exposed_collective + self.exposed_copy
+
+
+def _overlap(profile: HardwareProfile, compute, coll, copy, overlap_on) -> Window:
+    """Two streams, compute C and communication X (collectives + copies), run together.
+
+    While both run, compute advances at 1/(1+c) and communication at 1/(1+s), c and s
+    being the profile's slowdowns weighted by the kinds of communication. If the
+    communication ends first, the window is C + X(1+s)c/(1+c): its cost is contention.
+    Otherwise compute is slowed throughout (c*C) and the rest of the communication,
+    X - C(1+c)/(1+s), runs alone. Without overlap_comm the window is C + X.
+    """
+    o = profile.overlap
+    x = coll + copy
+    safe = np.where(x > 0, x, 1.0)
+    c = (o.compute_slowdown_with_collective.value * coll + o.compute_slowdown_with_copy.value * copy) / safe
+    s = o.collective_slowdown_with_compute.value * coll / safe
+    comm_first = x * (1 + s) <= compute * (1 + c)
+    cont = np.where(comm_first, x * (1 + s) * c / (1 + c), c * compute)
+    exposed = np.where(comm_first, 0.0, np.maximum(x - compute * (1 + c) / (1 + s), 0.0))
+    overlapped = np.where(comm_first, x * (1 + s) / (1 + c), compute)
+    on = np.asarray(overlap_on, dtype=bool)
+    share = coll / safe
+    exposed = np.where(on, exposed, x)
+    return Window(
+        contention=np.where(on, cont, 0.0),
+        exposed_collective=exposed * share,
+        exposed_copy=exposed * (1 - share),
+        overlapped_compute=np.where(on, overlapped, 0.0),
+    )
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Exposed seconds per phase (they sum to `step_time_s`) and what energy needs besides."""
+
+    phase_time_s: dict[str, np.ndarray]
+    step_time_s: np.ndarray
+    overlapped_compute_s: np.ndarray  # compute seconds that ran beside communication (overlap power)
+    cpu_optimizer_busy_s: np.ndarray  # CPU busy time of the optimizer, hidden or not
+
+
+def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.ndarray]:
+    """Seconds per micro-step of each compute part, at the profile's rates for these shapes."""
+    g = profile.gpu
+    eff = profile.overheads.compute_efficiency.value
+    out = {k: 0.0 for k in ("gemm_f", "gemm_b", "gemm_r", "vgemm_f", "vgemm_b", "vgemm_r")}
+    for gc in w.gemms:
+        rate = g.gemm_bf16(gc.flops_per_call) * eff
+        pre = "vgemm" if gc.vision else "gemm"
+        out[f"{pre}_f"] = out[f"{pre}_f"] + gc.fwd_flops / rate
+        out[f"{pre}_b"] = out[f"{pre}_b"] + gc.bwd_flops / rate
+        out[f"{pre}_r"] = out[f"{pre}_r"] + gc.recompute_flops / rate
+    af = float(g.attention_fwd_bf16(w.attn_seq_len)) * eff
+    ab = float(g.attention_bwd_bf16(w.attn_seq_len)) * eff
+    hbm = g.hbm_bandwidth.value * eff
+    out["attn_f"], out["attn_b"] = w.attn_fwd_flops / af, w.attn_bwd_flops / ab
+    out["attn_r"] = w.attn_recompute_flops / af
+    out["elem_f"], out["elem_b"], out["elem_r"] = w.elem_fwd_bytes / hbm, w.elem_bwd_bytes / hbm, w.elem_recompute_bytes / hbm
+    if w.vis_patches_per_group:
+        vf = float(g.attention_fwd_bf16(w.vis_patches_per_group)) * eff
+        vb = float(g.attention_bwd_bf16(w.vis_patches_per_group)) * eff
+        out["vattn_f"], out["vattn_b"] = w.vis_attn_fwd_flops / vf, w.vis_attn_bwd_flops / vb
+        out["vattn_r"] = w.vis_attn_recompute_flops / vf
+        out["velem_f"], out["velem_b"] = w.vis_elem_fwd_bytes / hbm, w.vis_elem_bwd_bytes / hbm
+        out["velem_r"] = w.vis_elem_recompute_bytes / hbm
+    else:
+        for k in ("vattn_f", "vattn_b", "vattn_r", "velem_f", "velem_b", "velem_r"):
+            out[k] = 0.0
+    return out
+
+
+def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
+                b: StrategyBatch, profile: HardwareProfile) -> StepTiming:
+    a = workload.arch
+    ct = _compute_times(profile, work)
+    z = np.zeros(len(b))
+    ga = b.grad_accum.astype(float)
+    n = b.gpus.astype(float)
+    stage = b.zero_stage
+    intra = b.gpus <= b.gpus_per_node
+    p = float(counts.trainable)
+    r = mem.offload_fraction
+    opt_off = b.offload_optimizer == OFFLOAD_CPU
+    par_off = (b.offload_param == OFFLOAD_CPU) & (stage == 3)
+    shard = np.where(stage >= 1, n, 1.0)
+    p_rank = p / shard
+
+    # --- compute windows (seconds per micro-step) ---------------------------------------
+    c_f = ct["gemm_f"] + ct["attn_f"] + ct["elem_f"] + ct["vgemm_f"] + ct["vattn_f"] + ct["velem_f"] + z
+    rec = ct["gemm_r"] + ct["attn_r"] + ct["elem_r"] + z
+    vrec = ct["vgemm_r"] + ct["vattn_r"] + ct["velem_r"] + z
+    c_b = ct["gemm_b"] + ct["attn_b"] + ct["elem_b"] + ct["vgemm_b"] + ct["vattn_b"] + ct["velem_b"] + rec + vrec
+
+    # --- ZeRO collectives ------------------------------------------------------------------
+    rb, agb = b.reduce_bucket_size.astype(float), b.allgather_bucket_size.astype(float)
+    grad_calls = np.ceil(p / rb)
+    rs_full = collective_s(profile, "reduce_scatter", BF16 * p, grad_calls, n, intra)
+    n_ck, nv_ck = work.checkpointed_layers, work.vis_checkpointed_layers
+    vis_trained = counts.train_vision
+    mod_f = counts.modules_llm + counts.modules_vision
+    mod_b = counts.modules_llm + (counts.modules_vision if vis_trained else (2 if counts.modules_vision else 0))
+    mod_r = n_ck * LLM_MODULES_PER_LAYER + nv_ck * (VIT_MODULES_PER_LAYER if vis_trained else 0)
+    p_rec = n_ck * counts.layer + nv_ck * counts.vit_layer
+    p_fwd, p_bwd = float(counts.forward_params), float(counts.backward_params)
+    z3 = stage == 3
+    f_coll = np.where(z3, collective_s(profile, "all_gather", BF16 * p_fwd, mod_f, n, intra), 0.0)
+    b_coll_z3 = (collective_s(profile, "all_gather", BF16 * p_bwd, mod_b, n, intra)
+                 + collective_s(profile, "all_gather", BF16 * p_rec, mod_r, n, intra) + rs_full)
+    b_coll = np.select([stage == 2, z3], [rs_full, b_coll_z3], 0.0)
+    b_coll_last = np.where(stage == 1, rs_full, b_coll)
+    boundary_coll = np.select(
+        [stage == 0, (stage == 1) | (stage == 2)],
+        [collective_s(profile, "all_reduce", BF16 * p, grad_calls, n, intra),
+         collective_s(profile, "all_gather", BF16 * p, np.ceil(p / agb), n, intra)], 0.0)
+
+    # --- host copies -----------------------------------------------------------------------
+    h2d, d2h = profile.host.h2d, profile.host.d2h
+    grad_part = BF16 * p / n
+    grad_msg = np.minimum(grad_part, BF16 * rb)
+    d2h_grads = copy_s(d2h, grad_part, grad_msg)
+    h2d_grads = copy_s(h2d, grad_part, grad_msg)
+    z12_off = opt_off & (stage <= 2)
+    z3_off = opt_off & z3
+    # ZeRO-1/2 offload: partition gradients to the host at the boundary; ZeRO-2 with accumulation
+    # also round-trips them every micro-step (accumulated_grads_in_cpu). ZeRO-3 offload: the
+    # gradient partition buffer is on the host, written every micro-step and read back to
+    # accumulate after the first.
+    acc2 = z12_off & (stage == 2) & (b.grad_accum > 1)
+    b_copy = np.where(acc2 | z3_off, d2h_grads + h2d_grads, 0.0)
+    b_copy_last = np.where(z12_off | z3_off, d2h_grads, 0.0)
+    # Parameter offload: the bf16 partition comes up for every pass.
+    f_copy = np.where(par_off, copy_s(h2d, BF16 * p_fwd / n, BF16 * p_fwd / n / max(mod_f, 1)), 0.0)
+    param_up_b = np.where(par_off, copy_s(h2d, BF16 * (p_bwd + p_rec) / n, BF16 * p_bwd / n / max(mod_b, 1)), 0.0)
+    b_copy = b_copy + param_up_b
+    b_copy_last = b_copy_last + param_up_b
+    # After the CPU step: updated bf16 parameters back to the GPU (not with parameter offload,
+    # they stay on the host); under partial ZeRO-3 offload the GPU share's gradients come up too.
+    param_back = np.where(par_off, 0.0, r * BF16 * p_rank) + np.where(z3_off, (1 - r) * BF16 * p_rank, 0.0)
+    step_h2d = np.where(opt_off, copy_s(h2d, param_back, np.minimum(param_back, BF16 * agb)), 0.0)
+    # CPU checkpointing: each checkpoint goes down in forward and comes back in backward.
+    t = work.tokens_per_gpu
+    ck_layer = t * BF16 * a.hidden_size
+    ck_total = n_ck * ck_layer
+    ckpt_copy = np.where(b.cpu_checkpointing, copy_s(d2h, ck_total, ck_layer) + copy_s(h2d, ck_total, ck_layer), 0.0)
+
+    # --- Ulysses all-to-alls (q, k, v, out per layer; same again in backward and recompute) --
+    sp = b.sp.astype(float)
+    a2a_bytes_layer = BF16 * t * (2 * a.hidden_size + 2 * a.kv_dim)
+    layers_a2a = 2 * a.num_layers + n_ck
+    a2a = collective_s(profile, "all_to_all", a2a_bytes_layer * layers_a2a, 4 * layers_a2a, sp,
+                       b.sp <= b.gpus_per_node)
+
+    # --- windows ---------------------------------------------------------------------------
+    wf = _overlap(profile, c_f, f_coll, f_copy, b.overlap_comm)
+    wbn = _overlap(profile, c_b, b_coll, b_copy, b.overlap_comm)
+    wbl = _overlap(profile, c_b, b_coll_last, b_copy_last, b.overlap_comm)
+    normal = ga - 1.0
+
+    # --- optimizer ---------------------------------------------------------------------------
+    hbm = profile.gpu.hbm_bandwidth.value * profile.overheads.compute_efficiency.value
+    opt_gpu = GPU_ADAM_BYTES_PER_PARAM * (1 - r) * p_rank / hbm
+    ranks_per_node = np.minimum(b.gpus, b.gpus_per_node).astype(float)
+    cpu_busy = r * p_rank * ranks_per_node / profile.host.cpu_adam.value
+    # SuperOffload steps each sub-group on the CPU as soon as its gradients are complete in
+    # the last backward; all but the last sub-group's step can hide behind that backward.
+    n_sub = np.maximum(1.0, np.ceil(p_rank / SUB_GROUP_SIZE))
+    last_bwd = c_b + wbl.extra
+    hidden_cap = np.maximum(cpu_busy / n_sub, cpu_busy - last_bwd * (n_sub - 1) / n_sub)
+    cpu_exposed = np.where(b.super_offload & z3_off, np.minimum(cpu_busy, hidden_cap), cpu_busy)
+
+    # --- DeepSpeed's own overheads -------------------------------------------------------------
+    ov = profile.overheads
+    passes = np.where(z3, mod_f + mod_b + mod_r, 0.0)
+    overhead = (ov.step.value + ga * ov.micro_step.value + ga * passes * ov.zero3_module_pass.value
+                + ov.offload_step_per_gparam.value * r * p_rank / 1e9)
+
+    phases = {
+        "compute": ga * (ct["gemm_f"] + ct["gemm_b"]) + z,
+        "attention": ga * (ct["attn_f"] + ct["attn_b"]) + z,
+        "elementwise": ga * (ct["elem_f"] + ct["elem_b"]) + z,
+        "recompute": ga * rec,
+        "optimizer_gpu": opt_gpu + z,
+        "zero_comm": ga * wf.exposed_collective + normal * wbn.exposed_collective + wbl.exposed_collective
+        + boundary_coll,
+        "ulysses_all_to_all": ga * a2a,
+        "host_transfer": ga * wf.exposed_copy + normal * wbn.exposed_copy + wbl.exposed_copy + step_h2d
+        + ga * ckpt_copy,
+        "cpu_optimizer": cpu_exposed + z,
+        "overlap_contention": ga * wf.contention + normal * wbn.contention + wbl.contention,
+        "deepspeed_overhead": overhead + z,
+        "vision_compute": ga * (ct["vgemm_f"] + ct["vgemm_b"] + ct["vattn_f"] + ct["vattn_b"]
+                                + ct["velem_f"] + ct["velem_b"]) + z,
+        "vision_recompute": ga * vrec,
+    }
+    assert set(phases) == set(PHASES)
+    step = sum(phases.values())
+    overlapped = ga * wf.overlapped_compute + normal * wbn.overlapped_compute + wbl.overlapped_compute
+    return StepTiming(phase_time_s=phases, step_time_s=step, overlapped_compute_s=overlapped,
+                      cpu_optimizer_busy_s=cpu_busy + z)

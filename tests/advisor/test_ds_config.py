@@ -1,0 +1,141 @@
+"""DeepSpeed configs: what we write, DeepSpeed accepts, and we read back the same strategy."""
+import json
+import random
+
+import pytest
+
+from advisor.ds_config import (
+    DsConfigError,
+    gpus_from_batch,
+    load_ds_config,
+    parse_ds_config,
+    strategy_from_ds_config,
+    to_ds_config,
+)
+from advisor.space import build_space
+from models.strategy import Strategy
+
+
+def space_sample(arch, n=200):
+    """A seeded random spread of the search space: every offload family, checkpointing kind, sp, micro-batch."""
+    space = build_space(arch, [4, 8], gpus_per_node=4, global_batch=32)
+    batch = space.enumerate(arch)
+    return [batch.strategy(i) for i in random.Random(0).sample(range(len(batch)), n)]
+
+
+def test_round_trip_over_the_space(arch7b, tmp_path):
+    strategies = space_sample(arch7b)
+    assert {s.offload_ratio for s in strategies} >= {0.25, 0.5, 0.75, 1.0}
+    assert {s.checkpoint_every for s in strategies} == {0, 1, 2, 4}
+    assert any(s.super_offload and s.offload_param == "cpu" for s in strategies)
+    assert {s.sp for s in strategies} == {1, 2, 4}
+    path = tmp_path / "ds_config.json"
+    for s in strategies:
+        path.write_text(json.dumps(to_ds_config(s, arch7b)))
+        settings = load_ds_config(path, arch7b)
+        gpus = gpus_from_batch(settings, settings.fields.get("sp", 1))
+        assert gpus == s.gpus
+        assert strategy_from_ds_config(settings, gpus, s.gpus_per_node) == s
+
+
+def test_missing_keys_take_deepspeed_defaults(arch7b):
+    settings = parse_ds_config({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 2}, arch7b)
+    s = strategy_from_ds_config(settings, 8, 4)
+    assert s.zero_stage == 3 and s.overlap_comm is True  # DeepSpeed turns overlap_comm on for stage 3 only
+    assert s.micro_batch == 2 and s.checkpoint_every == 0 and s.sp == 1
+    assert parse_ds_config({"zero_optimization": {"stage": 2}}, arch7b).fields["overlap_comm"] is False
+    assert gpus_from_batch(settings, 1) is None
+
+
+def test_hugging_face_auto_values_count_as_unset(arch7b):
+    cfg = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}
+    fields = parse_ds_config(cfg, arch7b).fields
+    assert "micro_batch" not in fields and "reduce_bucket_size" not in fields
+
+
+def test_hjson_comments_are_read(arch7b, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text('{\n  # ZeRO-2 for this run\n  "zero_optimization": {"stage": 2}\n}\n')
+    assert load_ds_config(path, arch7b).fields["zero_stage"] == 2
+
+
+@pytest.mark.parametrize("cfg,key", [
+    ({"zero_optimization": {"stage": "three"}}, "stage"),
+    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage"),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, "offload_optimizer.device"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": 1}}}, "device"),
+    ({"zero_optimization": {"stage": 3, "overlap_comm": "yes"}}, "overlap_comm"),
+    ({"zero_optimization": {"stage": 3, "zenflow": {"topk_ratio": 0.1}}}, "zenflow"),
+    ({"zero_optimization": []}, "zero_optimization"),
+    ({"train_micro_batch_size_per_gpu": 0}, "train_micro_batch_size_per_gpu"),
+    ({"activation_checkpointing": {"number_checkpoints": 99}}, "number_checkpoints"),
+    ({"sequence_parallel_size": 1.5}, "sequence_parallel_size"),
+])
+def test_bad_values_name_their_key(arch7b, cfg, key):
+    with pytest.raises(DsConfigError, match=key):
+        parse_ds_config(cfg, arch7b)
+
+
+def test_unreadable_files(arch7b, tmp_path):
+    with pytest.raises(DsConfigError, match="cannot read"):
+        load_ds_config(tmp_path / "missing.json", arch7b)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json: [")
+    with pytest.raises(DsConfigError, match="not valid JSON"):
+        load_ds_config(bad, arch7b)
+
+
+def test_inconsistent_batch_sizes(arch7b):
+    settings = parse_ds_config({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4,
+                                "gradient_accumulation_steps": 1}, arch7b)
+    with pytest.raises(DsConfigError, match="not a multiple"):
+        gpus_from_batch(settings, 1)
+
+
+@pytest.fixture(scope="module")
+def deepspeed_config_class():
+    """DeepSpeed's own config class, with the world size it would see under a launcher."""
+    import deepspeed.runtime.config as config  # the test extra pins deepspeed: a missing one fails here
+
+    return config
+
+
+def test_deepspeed_accepts_what_we_write(arch7b, deepspeed_config_class, monkeypatch):
+    from deepspeed import comm
+
+    for s in space_sample(arch7b, n=60):
+        monkeypatch.setattr(comm, "get_rank", lambda *a, **k: 0)
+        monkeypatch.setattr(comm, "get_world_size", lambda *a, s=s, **k: s.gpus)
+        cfg = deepspeed_config_class.DeepSpeedConfig(to_ds_config(s, arch7b))
+        assert cfg.world_size == s.dp  # DeepSpeed divides the world by sequence_parallel_size
+        assert cfg.train_batch_size == s.global_batch
+        assert cfg.train_micro_batch_size_per_gpu == s.micro_batch
+        assert cfg.gradient_accumulation_steps == s.grad_accum
+        assert cfg.bfloat16_config.enabled
+        z = cfg.zero_config
+        assert int(z.stage) == s.zero_stage and z.overlap_comm == s.overlap_comm
+        if s.offload_optimizer == "cpu":
+            assert z.offload_optimizer.device == "cpu"
+            assert z.offload_optimizer.ratio == s.offload_ratio
+            assert z.offload_optimizer.super_offload == s.super_offload
+        else:
+            assert z.offload_optimizer is None
+        assert (z.offload_param is not None and z.offload_param.device == "cpu") == (s.offload_param == "cpu")
+        assert cfg.activation_checkpointing_config.cpu_checkpointing == s.cpu_checkpointing
+
+
+def test_deepspeed_rejects_a_corrupted_config(arch7b, deepspeed_config_class, monkeypatch):
+    """The check above has teeth: DeepSpeed refuses unknown ZeRO keys and inconsistent batches."""
+    from deepspeed import comm
+
+    monkeypatch.setattr(comm, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(comm, "get_world_size", lambda *a, **k: 8)
+    s = Strategy(gpus=8, gpus_per_node=4, zero_stage=3, micro_batch=1, grad_accum=4)
+    cfg = to_ds_config(s, arch7b)
+    cfg["zero_optimization"]["offload_optimiser"] = {"device": "cpu"}
+    with pytest.raises(Exception, match="offload_optimiser"):
+        deepspeed_config_class.DeepSpeedConfig(cfg)
+    cfg = to_ds_config(s, arch7b)
+    cfg["train_batch_size"] += 1
+    with pytest.raises(AssertionError):
+        deepspeed_config_class.DeepSpeedConfig(cfg)

@@ -1,0 +1,68 @@
+"""The strategy space: what it holds, and that both searches see the same points."""
+import itertools
+
+import pytest
+
+from advisor.space import build_space, checkpoint_fields, checkpoint_name, offload_fields
+from models.architecture import load_architecture
+from models.strategy import static_reasons
+
+
+def test_enumerate_lists_exactly_the_valid_points_of_the_flat_space(arch7b):
+    space = build_space(arch7b, [2, 4], gpus_per_node=4, global_batch=4)
+    listed = space.enumerate(arch7b)
+    listed_labels = sorted(listed.strategy(i).label() + f" ov{listed.strategy(i).overlap_comm}" for i in range(len(listed)))
+    choices = space.choices()
+    valid = []
+    for values in itertools.product(*choices.values()):
+        s = space.strategy(dict(zip(choices, values)))
+        if not space.reasons(s, arch7b):
+            valid.append(s.label() + f" ov{s.overlap_comm}")
+    assert listed_labels == sorted(valid)
+    assert len(valid) > 100
+
+
+def test_every_listed_point_has_consistent_batch(arch7b):
+    space = build_space(arch7b, [4, 8, 16], gpus_per_node=4, global_batch=32)
+    batch = space.enumerate(arch7b)
+    for i in range(0, len(batch), 53):
+        s = batch.strategy(i)
+        assert not static_reasons(s, arch7b)
+        assert s.global_batch % (s.dp * s.micro_batch) == 0
+        assert s.global_batch == 32  # powers of two up to 16 ranks: the target divides exactly
+        assert s.gpus_per_node == min(s.gpus, 4)
+
+
+def test_sp_divides_heads_kv_heads_and_stays_in_a_node():
+    qwen = load_architecture("qwen2.5-vl-7b")  # 28 heads, 4 KV heads
+    assert build_space(qwen, [8], gpus_per_node=8, global_batch=8).sp == (1, 2, 4)
+    llama = load_architecture("7B")  # 32 heads
+    assert build_space(llama, [8], gpus_per_node=8, global_batch=8).sp == (1, 2, 4, 8)
+    assert build_space(llama, [16], gpus_per_node=4, global_batch=8).sp == (1, 2, 4)
+
+
+def test_micro_batch_never_overshoots_the_global_batch(arch7b):
+    space = build_space(arch7b, [4], gpus_per_node=4, global_batch=8)
+    assert space.micro_batch == (1, 2, 4, 8)
+    batch = space.enumerate(arch7b)
+    assert set((batch.gpus // batch.sp * batch.micro_batch).tolist()) <= {1, 2, 4, 8}
+    s = space.strategy(dict(gpus=4, zero_stage=0, offload="none", checkpointing="none", sp=1, micro_batch=8,
+                            overlap_comm=True))
+    assert any("exceeds the global batch" in r for r in space.reasons(s, arch7b))
+
+
+@pytest.mark.parametrize("name", ["none", "cpu", "cpu-r0.5", "super", "cpu+param", "super+param"])
+def test_offload_names(name):
+    f = offload_fields(name)
+    assert (f["offload_optimizer"] == "cpu") == (name != "none")
+    assert f["super_offload"] == name.startswith("super")
+    assert (f["offload_param"] == "cpu") == name.endswith("+param")
+    assert f["offload_ratio"] == (0.5 if name == "cpu-r0.5" else 1.0)
+
+
+def test_checkpoint_names_round_trip():
+    for name in ("none", "full", "full+cpu", "every-2", "every-4+cpu"):
+        f = checkpoint_fields(name)
+        assert checkpoint_name(f["checkpoint_every"], f["cpu_checkpointing"]) == name
+    with pytest.raises(ValueError):
+        checkpoint_fields("sometimes")
