@@ -84,7 +84,7 @@ def constraint_values(problem: Problem, pred, static_count: np.ndarray) -> dict[
     """Constraint values (<= 0 feasible): memory as a fraction over capacity, the number of
     static refusals, and `other` for anything else the model refused. The model's own
     `feasible` flag is the truth: feasible points get no positive value."""
-    feasible = np.asarray(pred.feasible, dtype=bool)
+    feasible = np.asarray(pred.feasible, dtype=bool) & (static_count == 0)
     gpu = np.asarray(pred.peak_gpu_mem_gib, dtype=float) / problem.gpu_memory_gib - 1.0
     host = np.asarray(pred.peak_host_mem_gib, dtype=float) / problem.host_memory_gib - 1.0
     values = {"gpu_memory": gpu, "host_memory": host, "static": static_count.astype(float)}
@@ -236,7 +236,7 @@ def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_
             for cname in CONSTRAINTS:
                 trial.set_constraint(cname, float(cons[cname][j]))
             record = {m: float(np.asarray(getattr(pred, m))[j]) for m in METRICS}
-            record["feasible"] = bool(np.asarray(pred.feasible)[j])
+            record["feasible"] = all(cons[cname][j] <= 0 for cname in CONSTRAINTS)
             trial.set_user_attr("metrics", record)
             study.tell(trial, [float(_finite(pred.step_time_s[j] * steps[j])), float(_finite(pred.energy_j[j] * steps[j]))])
         done += len(asked)

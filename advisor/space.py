@@ -55,6 +55,20 @@ def checkpoint_name(checkpoint_every: int, cpu_checkpointing: bool) -> str:
     return base + ("+cpu" if cpu_checkpointing else "")
 
 
+def family_name(zero_stage: int, offload: str) -> str:
+    return f"z{zero_stage}" + ("" if offload == "none" else f"+{offload}")
+
+
+def parse_family(name: str) -> tuple[int, str]:
+    stage, _, offload = name.partition("+")
+    return int(stage[1:]), offload or "none"
+
+
+# Family validity does not depend on the model: any architecture serves static_reasons there.
+_ANY_ARCH = Architecture(name="any", hidden_size=1, num_layers=1, num_heads=1, num_kv_heads=1,
+                         intermediate_size=1, vocab_size=1)
+
+
 @dataclass(frozen=True)
 class Space:
     """The choices of each searched parameter. `global_batch` is the target sequences per step."""
@@ -73,8 +87,7 @@ class Space:
         """Optuna parameter name -> choices; `gpus` only when the count is searched."""
         out = {"gpus": self.gpu_counts} if len(self.gpu_counts) > 1 else {}
         out.update(
-            zero_stage=self.zero_stages,
-            offload=self.offload,
+            zero_offload=self.families,
             checkpointing=self.checkpointing,
             sp=self.sp,
             micro_batch=self.micro_batch,
@@ -82,20 +95,28 @@ class Space:
         )
         return out
 
+    @property
+    def families(self) -> tuple[str, ...]:
+        """ZeRO stage and offload as one choice ("z3+super+param"), valid pairs only: DeepSpeed
+        refuses the others whatever the rest of the point, so no trial is spent on them."""
+        return tuple(family_name(z, o) for z, o in itertools.product(self.zero_stages, self.offload)
+                     if not static_reasons(Strategy(zero_stage=z, **offload_fields(o)), _ANY_ARCH))
+
     def strategy(self, params: dict) -> Strategy:
         """The Strategy for one point; gradient accumulation follows from the global batch."""
         gpus = params.get("gpus", self.gpu_counts[0])
+        zero_stage, offload = parse_family(params["zero_offload"])
         dp = max(1, gpus // params["sp"])
         _, grad_accum = step_global_batch(self.global_batch, dp, params["micro_batch"])
         return Strategy(
             gpus=gpus,
             gpus_per_node=min(gpus, self.gpus_per_node),
-            zero_stage=params["zero_stage"],
+            zero_stage=zero_stage,
             sp=params["sp"],
             micro_batch=params["micro_batch"],
             grad_accum=grad_accum,
             overlap_comm=params["overlap_comm"],
-            **offload_fields(params["offload"]),
+            **offload_fields(offload),
             **checkpoint_fields(params["checkpointing"]),
         )
 
@@ -115,10 +136,7 @@ class Space:
 
     def enumerate(self, arch: Architecture) -> StrategyBatch:
         """Every statically valid point, as columns (no per-point Python objects)."""
-        families = [
-            (z, o) for z, o in itertools.product(self.zero_stages, self.offload)
-            if not static_reasons(Strategy(zero_stage=z, **offload_fields(o)), arch)
-        ]
+        families = [parse_family(f) for f in self.families]
         ckpts = [checkpoint_fields(c) for c in self.checkpointing]
         rows = []
         for gpus in self.gpu_counts:

@@ -1,6 +1,6 @@
 """How many strategy evaluations per second `predict_batch` sustains on this machine.
 
-    python benchmarks/bench_predict.py [--n 100000] [--repeats 5] [--model 7B] [--seq 32768]
+    python benchmarks/bench_predict.py [--n 100000] [--repeats 5] [--model 7B] [--seq 32768] [--frames 0]
 
 Strategies are drawn at random from the space the advisor searches (ZeRO stage, offload,
 checkpointing, sp, micro-batch, accumulation, GPUs), invalid ones included: the model
@@ -56,10 +56,11 @@ def main() -> None:
     ap.add_argument("--model", default="7B")
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--profile", default="gh200")
+    ap.add_argument("--frames", type=int, default=0, help="video frames per sample (vision models)")
     args = ap.parse_args()
 
     profile = load_profile(args.profile)
-    workload = Workload(load_architecture(args.model), args.seq)
+    workload = Workload(load_architecture(args.model), args.seq, frames=args.frames)
     batch = random_batch(args.n)
     predict_batch(workload, random_batch(100, seed=1), profile)  # warm up imports and caches
 
@@ -75,7 +76,7 @@ def main() -> None:
     single = (time.perf_counter() - t0) / 200
 
     best, median = min(walls), float(np.median(walls))
-    print(f"model {workload.arch.name}, seq {args.seq}, profile {args.profile}; "
+    print(f"model {workload.arch.name}, seq {args.seq}, {workload.describe_vision()}, profile {args.profile}; "
           f"{int(out.feasible.sum())} of {args.n} feasible")
     print(f"{'call':<28}{'strategies':>12}{'wall s (median)':>18}{'wall s (best)':>16}{'evals/s (median)':>18}")
     print(f"{'predict_batch':<28}{args.n:>12,}{median:>18.3f}{best:>16.3f}{args.n / median:>18,.0f}")

@@ -36,6 +36,8 @@ import numpy as np
 from models.workload import Workload
 
 BF16 = 2  # bytes per element
+LOSS_FWD_BYTES_PER_VOCAB = 14.0  # per token: cast bf16 -> fp32 (2 + 4), log-softmax (4 + 4)
+LOSS_BWD_BYTES_PER_VOCAB = 22.0  # per token: gradient written (4), log-softmax backward (12), cast back (6)
 
 
 def checkpointed_layers(num_layers: int, checkpoint_every) -> np.ndarray:
@@ -141,12 +143,9 @@ def _llm_elementwise_bytes_per_token(w: Workload) -> tuple[float, float]:
     a = w.arch
     h, kv, f, v = a.hidden_size, a.kv_dim, a.intermediate_size, a.vocab_size
     layer = BF16 * (2 * 2 * h + 2 * (h + kv) + 3 * f + 2 * 3 * h)
-    outside_fwd = BF16 * 2 * 2 * h + 14.0 * v
+    outside_fwd = BF16 * 2 * 2 * h + LOSS_FWD_BYTES_PER_VOCAB * v
     return float(layer), float(outside_fwd)
 
-
-LOSS_BWD_BYTES_PER_VOCAB = 22.0
-LOSS_FWD_BYTES_PER_VOCAB = 14.0
 
 
 def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every) -> MicroStepWork:

@@ -6,13 +6,14 @@ source, `runtime/zero/stage_1_and_2.py`, `stage3.py`, `fp16/fused_optimizer.py`)
   variance (12), and an fp32 copy of the gradients (4) made for the optimizer step.
 - ZeRO-0 (FP16_Optimizer for bf16): everything whole on every GPU: 20 bytes/param.
 - ZeRO-1: the 16 bytes of optimizer state and fp32 gradients sharded; bf16 grads whole.
-- ZeRO-2: bf16 gradients sharded too. ZeRO-3: bf16 parameters sharded too; its fp32
-  gradient copy exists for one sub-group (`sub_group_size`) at a time.
+- ZeRO-2: bf16 gradients sharded too. ZeRO-3: bf16 parameters sharded too; without
+  offload its fp32 gradient copy exists for one sub-group (`sub_group_size`) at a time.
 - Optimizer offload moves the 16 bytes to pinned host memory; under ZeRO-3 the bf16
   gradient partition buffer lives on the host too (`grad_partitions_flat_buffer`).
   ZeRO-3's partial `ratio` offloads whole sub-groups: DeepSpeed puts sub-group i on the
   CPU when i >= int((1 - ratio) * n_subgroups), so a rank with one sub-group offloads all.
 - Parameter offload (ZeRO-3) keeps the bf16 partition on the host as well.
+- SuperOffload adds its CPU-Adam worker's fp32 gradient buffer (one sub-group) on the host.
 - A frozen vision encoder is bf16 parameters only (ZeRO-3 shards them; ZeRO 0-2 do not,
   because frozen parameters are not in the optimizer's groups).
 Activations assume fused (flash / SDPA) attention, so there is no s^2 term; see
@@ -70,13 +71,13 @@ def offload_fraction(stage, offload_optimizer, ratio, params_per_rank, sub_group
     stage = np.asarray(stage)
     on = np.asarray(offload_optimizer) == OFFLOAD_CPU
     n_sub = np.maximum(1.0, np.ceil(np.asarray(params_per_rank, dtype=float) / sub_group_size))
-    on_gpu = np.floor((1.0 - np.asarray(ratio, dtype=float)) * n_sub + 1e-9)
+    on_gpu = np.floor((1.0 - np.asarray(ratio, dtype=float)) * n_sub)  # int() in DeepSpeed, same float rounding
     z3 = (n_sub - np.minimum(on_gpu, n_sub)) / n_sub
     return np.where(on, np.where(stage == 3, z3, 1.0), 0.0)
 
 
 def model_states(counts: ParamCounts, gpus, stage, offload_optimizer, ratio, offload_param,
-                 grad_accum=1, sub_group_size=SUB_GROUP_SIZE) -> ModelStates:
+                 grad_accum=1, super_offload=False, sub_group_size=SUB_GROUP_SIZE) -> ModelStates:
     """Model-state bytes per GPU and host bytes per rank (arrays broadcast over strategies)."""
     n = np.asarray(gpus, dtype=float)
     stage = np.asarray(stage)
@@ -92,7 +93,10 @@ def model_states(counts: ParamCounts, gpus, stage, offload_optimizer, ratio, off
     grads16 = np.select([stage <= 1, stage == 2], [BF16 * p, BF16 * p / n], BF16 * p / n)
     grads16_gpu = np.where((stage >= 2) & opt_off, 0.0, grads16)
     opt_gpu = OPTIMIZER_BYTES_PER_PARAM * (1 - r) * p_rank
-    fp32_grad_gpu = np.where(stage == 3, FP32_GRAD_BYTES_PER_PARAM * np.minimum((1 - r) * p_rank, sub_group_size),
+    # ZeRO-3 without offload makes the fp32 gradient copy one sub-group at a time; with (partial)
+    # offload the GPU sub-groups keep theirs (initialize_optimizer_states).
+    fp32_grad_gpu = np.where((stage == 3) & ~opt_off,
+                             FP32_GRAD_BYTES_PER_PARAM * np.minimum(p_rank, sub_group_size),
                              FP32_GRAD_BYTES_PER_PARAM * (1 - r) * p_rank)
     gpu = params16_gpu + grads16_gpu + opt_gpu + fp32_grad_gpu
 
@@ -101,6 +105,10 @@ def model_states(counts: ParamCounts, gpus, stage, offload_optimizer, ratio, off
     accum = (np.asarray(grad_accum) > 1) & opt_off & (stage <= 2)  # accumulated_grads_in_cpu (bf16)
     host = host + np.where(accum, BF16 * p_rank, 0.0)
     host = host + np.where(par_off, params16, 0.0)
+    # SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer
+    # sized for the largest sub-group (superoffload_utils.py, max_grad_numel).
+    sup = np.asarray(super_offload, dtype=bool) & opt_off & (stage == 3)
+    host = host + np.where(sup, FP32_GRAD_BYTES_PER_PARAM * np.minimum(r * p_rank, sub_group_size), 0.0)
     return ModelStates(gpu_bytes=gpu, host_bytes_per_rank=host, offload_fraction=r)
 
 
@@ -181,7 +189,7 @@ def buffers(counts: ParamCounts, b: StrategyBatch) -> np.ndarray:
 def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: StrategyBatch,
              profile: HardwareProfile) -> MemoryEstimate:
     states = model_states(counts, b.gpus, b.zero_stage, b.offload_optimizer, b.offload_ratio,
-                          b.offload_param, b.grad_accum)
+                          b.offload_param, b.grad_accum, b.super_offload)
     buf = buffers(counts, b)
     act, ckpt_host = activations(workload, work, b.cpu_checkpointing)
     allocated = states.gpu_bytes + buf + act

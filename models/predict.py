@@ -50,7 +50,7 @@ class Prediction:
     cpu_energy_estimated: bool
     breakdown: list[Phase]
     profile: str
-    strategy: Strategy
+    strategy: Strategy | None  # None only for a batch row whose offload code names no device
     cpu_energy_in_gpu_energy: bool = False
     allocated_gpu_mem_gib: float = 0.0  # comparable to torch.cuda.max_memory_allocated
 
@@ -72,7 +72,8 @@ class Prediction:
             "cpu_energy_in_gpu_energy": self.cpu_energy_in_gpu_energy,
             "energy_note": note,
             "profile": self.profile,
-            "strategy": {**dataclasses.asdict(self.strategy), "label": self.strategy.label()},
+            "strategy": (None if self.strategy is None
+                         else {**dataclasses.asdict(self.strategy), "label": self.strategy.label()}),
             "breakdown": [
                 {"phase": p.name, "time_s": p.time_s, "gpu_energy_j": p.gpu_energy_j, "cpu_energy_j": p.cpu_energy_j,
                  **({"note": "cpu_energy_j is included in gpu_energy_j (module meter)"} if note else {})}

@@ -15,6 +15,16 @@ comm_efficiency), bytes being the full (gathered or reduced) tensor; the intra-n
 network when the group fits in one node, the inter-node one otherwise. ZeRO collectives
 run over all GPUs (with Ulysses, gradients are reduced over the sequence-data-parallel
 group, which is every GPU); all-to-alls over the sp group.
+
+Assumptions to know:
+- SuperOffload (DeepSpeed 0.19.8, superoffload_stage3.py) starts each sub-group's CPU
+  step during the last backward only when gradient clipping is off; with clipping its
+  step is synchronous. This model assumes clipping is off for SuperOffload.
+- Sub-groups are DeepSpeed's default `sub_group_size` (1e9 elements); a rank holding at
+  most that many parameters has one sub-group, which SuperOffload cannot hide.
+- `overlap.compute_slowdown_with_all_to_all` is not used: Ulysses' all-to-alls are on the
+  attention's critical path and never run beside compute.
+- The copy stream and the collective stream are treated as one communication stream.
 """
 from __future__ import annotations
 
@@ -193,29 +203,36 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
         [collective_s(profile, "all_reduce", BF16 * p, grad_calls, n, intra),
          collective_s(profile, "all_gather", BF16 * p, np.ceil(p / agb), n, intra)], 0.0)
 
-    # --- host copies -----------------------------------------------------------------------
+    # --- host copies (bytes per parameter of the rank's partition, from DeepSpeed 0.19's code) --
     h2d, d2h = profile.host.h2d, profile.host.d2h
-    grad_part = BF16 * p / n
-    grad_msg = np.minimum(grad_part, BF16 * rb)
-    d2h_grads = copy_s(d2h, grad_part, grad_msg)
-    h2d_grads = copy_s(h2d, grad_part, grad_msg)
+    part = p / n
+    msg = np.minimum(BF16 * part, BF16 * rb)
+
+    def down(bytes_per_param):
+        return copy_s(d2h, bytes_per_param * part, msg)
+
+    def up(bytes_per_param):
+        return copy_s(h2d, bytes_per_param * part, msg)
+
     z12_off = opt_off & (stage <= 2)
     z3_off = opt_off & z3
-    # ZeRO-1/2 offload: partition gradients to the host at the boundary; ZeRO-2 with accumulation
-    # also round-trips them every micro-step (accumulated_grads_in_cpu). ZeRO-3 offload: the
-    # gradient partition buffer is on the host, written every micro-step and read back to
-    # accumulate after the first.
+    # ZeRO-1/2 offload: at the boundary the partition's gradients go to the host as fp32 (cast on
+    # the GPU, 4 bytes); ZeRO-2 with accumulation round-trips bf16 gradients through
+    # accumulated_grads_in_cpu every micro-step. ZeRO-3 offload: the bf16 gradient partition
+    # buffer lives on the host; every micro-step writes it and reads it back (partition_grads),
+    # and at the boundary the CPU sub-groups' gradients go down again as fp32.
     acc2 = z12_off & (stage == 2) & (b.grad_accum > 1)
-    b_copy = np.where(acc2 | z3_off, d2h_grads + h2d_grads, 0.0)
-    b_copy_last = np.where(z12_off | z3_off, d2h_grads, 0.0)
+    b_copy = np.where(acc2 | z3_off, down(BF16) + up(BF16), 0.0)
+    b_copy_last = (np.where(z12_off, down(4.0 * r) + np.where(acc2, up(BF16), 0.0), 0.0)
+                   + np.where(z3_off, down(BF16) + up(BF16) + down(4.0 * r), 0.0))
     # Parameter offload: the bf16 partition comes up for every pass.
     f_copy = np.where(par_off, copy_s(h2d, BF16 * p_fwd / n, BF16 * p_fwd / n / max(mod_f, 1)), 0.0)
     param_up_b = np.where(par_off, copy_s(h2d, BF16 * (p_bwd + p_rec) / n, BF16 * p_bwd / n / max(mod_b, 1)), 0.0)
     b_copy = b_copy + param_up_b
     b_copy_last = b_copy_last + param_up_b
-    # After the CPU step: updated bf16 parameters back to the GPU (not with parameter offload,
-    # they stay on the host); under partial ZeRO-3 offload the GPU share's gradients come up too.
-    param_back = np.where(par_off, 0.0, r * BF16 * p_rank) + np.where(z3_off, (1 - r) * BF16 * p_rank, 0.0)
+    # After the CPU step the updated parameters come back as bf16 (cast on the host); with
+    # parameter offload they stay there.
+    param_back = np.where(par_off, 0.0, r * BF16 * p_rank)
     step_h2d = np.where(opt_off, copy_s(h2d, param_back, np.minimum(param_back, BF16 * agb)), 0.0)
     # CPU checkpointing: each checkpoint goes down in forward and comes back in backward.
     t = work.tokens_per_gpu

@@ -46,8 +46,7 @@ def test_micro_batch_never_overshoots_the_global_batch(arch7b):
     assert space.micro_batch == (1, 2, 4, 8)
     batch = space.enumerate(arch7b)
     assert set((batch.gpus // batch.sp * batch.micro_batch).tolist()) <= {1, 2, 4, 8}
-    s = space.strategy(dict(gpus=4, zero_stage=0, offload="none", checkpointing="none", sp=1, micro_batch=8,
-                            overlap_comm=True))
+    s = space.strategy(dict(gpus=4, zero_offload="z0", checkpointing="none", sp=1, micro_batch=8, overlap_comm=True))
     assert any("exceeds the global batch" in r for r in space.reasons(s, arch7b))
 
 

@@ -133,8 +133,8 @@ def _deepspeed_cpu_share(n_sub: int, ratio: float) -> float:
     return sum(1 for i in range(n_sub) if i >= int((1 - ratio) * n_sub)) / n_sub
 
 
-@pytest.mark.parametrize("params_per_rank", [5e8, 1e9, 2.5e9, 3.5e9, 7.9e9])
-@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.5, 0.75, 1.0])
+@pytest.mark.parametrize("params_per_rank", [5e8, 1e9, 2.5e9, 3.5e9, 7.9e9, 9.5e9])
+@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.5, 0.75, 0.9, 1.0])
 def test_partial_offload_rounds_to_whole_sub_groups_like_deepspeed(params_per_rank, ratio):
     n_sub = int(np.ceil(params_per_rank / SUB_GROUP_SIZE))
     got = float(offload_fraction(3, 1, ratio, params_per_rank))
@@ -203,3 +203,26 @@ def test_frozen_vision_encoder_costs_bf16_parameters_only():
     z3_frozen, _ = _states(frozen, 4, 3)
     z3_none, _ = _states(llm_only, 4, 3)
     assert z3_frozen - z3_none == pytest.approx(2 * enc / 4 + 20 * frozen.projector / 4)
+
+
+def test_partial_zero3_offload_keeps_the_gpu_sub_groups_whole_state_on_the_gpu():
+    c = _counts("llama-2-70b")
+    p = c.trainable
+    per_rank = p / 8
+    share = _deepspeed_cpu_share(int(np.ceil(per_rank / SUB_GROUP_SIZE)), 0.5)
+    assert 0 < share < 1
+    gpu, host = _states(c, 8, 3, opt=1, ratio=0.5)
+    # bf16 parameters + fp32 master, m, v and fp32 gradients of the GPU sub-groups (persistent)
+    assert gpu == pytest.approx(2 * per_rank + 16 * (1 - share) * per_rank)
+    # host per node (8 ranks here): 16 bytes for the CPU share + the bf16 gradient buffer for all
+    assert host == pytest.approx(8 * (16 * share * per_rank + 2 * per_rank))
+
+
+def test_superoffload_adds_its_workers_gradient_buffer_on_the_host():
+    c = _counts("llama-2-7b")
+    p = c.trainable
+    s = model_states(c, np.array([4, 4]), np.array([3, 3]), np.array([1, 1]), np.array([1.0, 1.0]),
+                     np.array([0, 0]), np.array([1, 1]), np.array([False, True]))
+    extra = float(s.host_bytes_per_rank[1] - s.host_bytes_per_rank[0])
+    assert extra == 4 * min(p / 4, SUB_GROUP_SIZE)
+    assert float(s.gpu_bytes[0]) == float(s.gpu_bytes[1])

@@ -1,0 +1,74 @@
+"""Energy = sum over phases of time x power; module-scope meters never count the CPU twice."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cost_model_helpers import profile_with
+
+from models.architecture import load_architecture
+from models.energy import PHASE_POWER, step_energy
+from models.predict import predict
+from models.strategy import Strategy, StrategyBatch
+from models.timing import PHASES, StepTiming
+from models.workload import Workload
+
+W7 = Workload(load_architecture("llama-2-7b"), 8192)
+
+
+def _gpu_scope(measured: bool = False):
+    return profile_with({"power.nvml_scope": "gpu", "power.cpu.measured": measured})
+
+
+def test_gpu_scope_energy_is_phase_time_times_phase_power_plus_host_cpu():
+    p = _gpu_scope()
+    s = Strategy(gpus=8, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", overlap_comm=False)
+    pred = predict(W7, s, p)
+    gw, cw = p.power.gpu, p.power.cpu
+    expected_gpu = sum(ph.time_s * getattr(gw, PHASE_POWER[ph.name]).value * 8 for ph in pred.breakdown)
+    assert pred.gpu_energy_j == pytest.approx(expected_gpu, rel=1e-12)
+    busy = 6_738_415_616 / 8 * 4 / p.host.cpu_adam.value  # the CPU optimizer runs exposed here
+    expected_cpu = cw.idle.value * 2 * pred.step_time_s + (cw.optimizer.value - cw.idle.value) * 2 * busy
+    assert pred.cpu_energy_j == pytest.approx(expected_cpu, rel=1e-9)
+    assert pred.energy_j == pytest.approx(pred.gpu_energy_j + pred.cpu_energy_j)
+    assert pred.cpu_energy_estimated and not pred.cpu_energy_in_gpu_energy
+    assert sum(ph.cpu_energy_j for ph in pred.breakdown) == pytest.approx(pred.cpu_energy_j)
+    assert _gpu_scope(measured=True).power.cpu.measured
+    assert not predict(W7, s, _gpu_scope(measured=True)).cpu_energy_estimated
+
+
+def test_module_scope_puts_the_cpu_inside_the_gpu_figure_once(gh200):
+    assert gh200.power.nvml_scope == "module"
+    s = Strategy(gpus=8, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", overlap_comm=False)
+    mod = predict(W7, s, gh200)
+    assert mod.cpu_energy_j == 0.0 and mod.energy_j == mod.gpu_energy_j
+    assert mod.cpu_energy_in_gpu_energy
+    d = mod.to_dict()
+    assert d["cpu_energy_in_gpu_energy"] is True and "not added again" in d["energy_note"]
+    assert all("included in gpu_energy_j" in row["note"] for row in d["breakdown"])
+    # the CPU optimizer's extra draw shows up on the module meters
+    cw = gh200.power.cpu
+    busy = 6_738_415_616 / 8 * 4 / gh200.host.cpu_adam.value
+    wait = gh200.power.gpu.wait.value
+    row = next(ph for ph in mod.breakdown if ph.name == "cpu_optimizer")
+    extra_per_gpu = (cw.optimizer.value - cw.idle.value) / gh200.gpus_per_node.value
+    assert row.gpu_energy_j == pytest.approx(row.time_s * wait * 8 + busy * extra_per_gpu * 8, rel=1e-12)
+
+
+def test_compute_beside_communication_draws_overlap_power():
+    p = _gpu_scope()
+    phases = {name: np.array([0.0]) for name in PHASES}
+    phases["compute"] = np.array([10.0])
+    phases["overlap_contention"] = np.array([1.0])
+    t = StepTiming(phase_time_s=phases, step_time_s=np.array([11.0]), overlapped_compute_s=np.array([4.0]),
+                   cpu_optimizer_busy_s=np.array([0.0]))
+    b = StrategyBatch.from_strategies([Strategy(gpus=2, gpus_per_node=2)])
+    e = step_energy(t, b, p)
+    g = p.power.gpu
+    assert float(e.phase_gpu_energy_j["compute"][0]) == pytest.approx(2 * (6 * g.compute.value + 4 * g.overlap.value))
+    assert float(e.phase_gpu_energy_j["overlap_contention"][0]) == pytest.approx(2 * g.overlap.value)
+    assert float(e.cpu_energy_j[0]) == pytest.approx(11.0 * p.power.cpu.idle.value)
+
+
+def test_waiting_on_the_cpu_costs_less_gpu_power_than_computing(gh200):
+    g = gh200.power.gpu
+    assert g.wait.value < g.collective.value < g.compute.value <= gh200.gpu.power_cap.value

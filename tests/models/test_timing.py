@@ -1,0 +1,208 @@
+"""Step-time phases: collectives per ZeRO stage, overlap, all-to-alls, offload, overheads."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from cost_model_helpers import profile_with, random_batch
+
+from models.architecture import load_architecture
+from models.flops import micro_step_work
+from models.params import LLM_MODULES_PER_LAYER, count_params
+from models.predict import predict, predict_batch
+from models.strategy import Strategy
+from models.timing import PHASES, _overlap, bus_factor
+from models.workload import Workload
+
+W7 = Workload(load_architecture("llama-2-7b"), 4096)
+P7 = count_params(W7).trainable
+
+
+def _phases(strategy: Strategy, profile, workload=W7) -> dict[str, float]:
+    return {p.name: p.time_s for p in predict(workload, strategy, profile).breakdown}
+
+
+def _coll(profile, op, total_bytes, calls, n, net="intra_node"):
+    c = getattr(getattr(profile, net), op)
+    return calls * c.alpha.value + float(bus_factor(op, n)) * total_bytes / c.bus_bandwidth.value
+
+
+def test_phases_are_the_contract_names_and_sum_to_the_step_time(gh200):
+    out = predict_batch(W7, random_batch(2000), gh200)
+    assert set(out.phase_time_s) == set(PHASES)
+    total = sum(out.phase_time_s.values())
+    np.testing.assert_allclose(total, out.step_time_s, rtol=1e-12)
+    for name, t in out.phase_time_s.items():
+        assert np.all(t >= 0), name
+
+
+def test_gemm_time_follows_the_profile_curve_at_each_shape(gh200):
+    work = micro_step_work(W7, 1, 1, 0)
+    expected = sum(float((g.fwd_flops + g.bwd_flops) / gh200.gpu.gemm_bf16(g.flops_per_call)) for g in work.gemms)
+    ph = _phases(Strategy(gpus=1, gpus_per_node=1), gh200)
+    assert ph["compute"] == pytest.approx(expected, rel=1e-12)
+    slow = profile_with({"overheads.compute_efficiency": 0.5})
+    assert _phases(Strategy(gpus=1, gpus_per_node=1), slow)["compute"] == pytest.approx(2 * expected, rel=1e-12)
+
+
+def test_zero0_all_reduces_gradients_once_per_step_exposed(gh200):
+    s = Strategy(gpus=4, gpus_per_node=4, zero_stage=0, grad_accum=3, overlap_comm=True)
+    calls = math.ceil(P7 / s.reduce_bucket_size)
+    assert _phases(s, gh200)["zero_comm"] == pytest.approx(_coll(gh200, "all_reduce", 2 * P7, calls, 4))
+
+
+def test_zero1_reduces_once_per_step_and_zero2_every_micro_step(gh200):
+    rs = _coll(gh200, "reduce_scatter", 2 * P7, math.ceil(P7 / 500_000_000), 4)
+    ag = _coll(gh200, "all_gather", 2 * P7, math.ceil(P7 / 500_000_000), 4)
+    z1 = Strategy(gpus=4, gpus_per_node=4, zero_stage=1, grad_accum=4, overlap_comm=False)
+    z2 = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, grad_accum=4, overlap_comm=False)
+    assert _phases(z1, gh200)["zero_comm"] == pytest.approx(rs + ag)
+    assert _phases(z2, gh200)["zero_comm"] == pytest.approx(4 * rs + ag)
+
+
+def test_zero3_gathers_in_forward_backward_and_recompute_every_micro_step(gh200):
+    c = count_params(W7)
+    s = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, grad_accum=2, checkpoint_every=1, overlap_comm=False)
+    per_micro = (
+        _coll(gh200, "all_gather", 2 * P7, c.modules_llm, 4)
+        + _coll(gh200, "all_gather", 2 * P7, c.modules_llm, 4)
+        + _coll(gh200, "all_gather", 2 * 32 * c.layer, 32 * LLM_MODULES_PER_LAYER, 4)
+        + _coll(gh200, "reduce_scatter", 2 * P7, math.ceil(P7 / 500_000_000), 4)
+    )
+    assert _phases(s, gh200)["zero_comm"] == pytest.approx(2 * per_micro)
+
+
+def test_groups_spanning_nodes_use_the_inter_node_network(gh200):
+    one = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, overlap_comm=False)
+    two = Strategy(gpus=4, gpus_per_node=2, zero_stage=2, overlap_comm=False)
+    calls = math.ceil(P7 / 500_000_000)
+    inter = (_coll(gh200, "reduce_scatter", 2 * P7, calls, 4, "inter_node")
+             + _coll(gh200, "all_gather", 2 * P7, calls, 4, "inter_node"))
+    assert _phases(two, gh200)["zero_comm"] == pytest.approx(inter)
+    assert _phases(two, gh200)["zero_comm"] > 3 * _phases(one, gh200)["zero_comm"]
+
+
+def test_overlap_window_two_regimes_and_continuity():
+    p = profile_with({"overlap.compute_slowdown_with_collective": 0.2,
+                      "overlap.collective_slowdown_with_compute": 0.5,
+                      "overlap.compute_slowdown_with_copy": 0.0})
+    on = np.array([True])
+    # communication ends first: hidden, compute pays X(1+s)c/(1+c)
+    w = _overlap(p, np.array([10.0]), np.array([2.0]), np.array([0.0]), on)
+    assert float(w.contention[0]) == pytest.approx(3.0 * 0.2 / 1.2)
+    assert float(w.exposed_collective[0]) == 0.0
+    # compute ends first: slowed throughout (0.2), then the rest of the collective alone
+    w = _overlap(p, np.array([1.0]), np.array([10.0]), np.array([0.0]), on)
+    assert float(w.contention[0]) == pytest.approx(0.2)
+    assert float(w.exposed_collective[0]) == pytest.approx(10.0 - 1.2 / 1.5)
+    # at the boundary X(1+s) = C(1+c) both regimes give the same window
+    c, x = 1.5, 1.2
+    lo = _overlap(p, np.array([c]), np.array([x * (1 - 1e-9)]), np.array([0.0]), on)
+    hi = _overlap(p, np.array([c]), np.array([x * (1 + 1e-9)]), np.array([0.0]), on)
+    assert float(lo.extra[0]) == pytest.approx(float(hi.extra[0]), rel=1e-6)
+    # copies do not slow compute here, and nothing overlaps without overlap_comm
+    w = _overlap(p, np.array([10.0]), np.array([0.0]), np.array([2.0]), on)
+    assert float(w.extra[0]) == 0.0
+    w = _overlap(p, np.array([10.0]), np.array([2.0]), np.array([1.0]), np.array([False]))
+    assert (float(w.exposed_collective[0]), float(w.exposed_copy[0]), float(w.contention[0])) == (2.0, 1.0, 0.0)
+
+
+def test_overlap_comm_hides_zero3_traffic_behind_long_compute(gh200):
+    w = Workload(load_architecture("llama-2-7b"), 32768)
+    on = _phases(Strategy(gpus=4, gpus_per_node=4, zero_stage=3, checkpoint_every=1), gh200, w)
+    off = _phases(Strategy(gpus=4, gpus_per_node=4, zero_stage=3, checkpoint_every=1, overlap_comm=False), gh200, w)
+    assert on["zero_comm"] == 0.0 and on["overlap_contention"] > 0
+    assert off["overlap_contention"] == 0.0 and off["zero_comm"] > on["overlap_contention"]
+    # short sequences across nodes: compute is too short to hide the gathers
+    short = Workload(load_architecture("llama-2-7b"), 512)
+    far = _phases(Strategy(gpus=8, gpus_per_node=4, zero_stage=3), gh200, short)
+    assert far["zero_comm"] > 0
+
+
+@pytest.mark.parametrize("sp, ck, ga", [(2, 0, 1), (4, 1, 2), (2, 4, 3)])
+def test_ulysses_four_all_to_alls_per_layer_each_way_and_in_recompute(sp, ck, ga):
+    p = profile_with({"intra_node.all_to_all.bus_bandwidth": 1e30, "inter_node.all_to_all.bus_bandwidth": 1e30})
+    alpha = p.intra_node.all_to_all.alpha.value
+    s = Strategy(gpus=4, gpus_per_node=4, sp=sp, checkpoint_every=ck, grad_accum=ga)
+    recomputed = 0 if ck == 0 else math.ceil(32 / ck)
+    assert _phases(s, p)["ulysses_all_to_all"] == pytest.approx(ga * 4 * (2 * 32 + recomputed) * alpha)
+    assert _phases(Strategy(gpus=4, gpus_per_node=4, sp=1), p)["ulysses_all_to_all"] == 0.0
+
+
+def test_cpu_optimizer_time_shares_the_node_rate_between_its_ranks(gh200):
+    rate = gh200.host.cpu_adam.value
+    z2 = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu")
+    assert _phases(z2, gh200)["cpu_optimizer"] == pytest.approx(P7 / 4 * 4 / rate)
+    z3 = Strategy(gpus=8, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu")
+    assert _phases(z3, gh200)["cpu_optimizer"] == pytest.approx(P7 / 8 * 4 / rate)
+
+
+def test_superoffload_hides_all_but_the_last_sub_group_behind_the_backward(gh200):
+    w = Workload(load_architecture("llama-2-7b"), 32768)
+    sync = predict(w, Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu",
+                               checkpoint_every=1), gh200)
+    sup = predict(w, Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", super_offload=True,
+                              checkpoint_every=1), gh200)
+    t_sync = {p.name: p.time_s for p in sync.breakdown}["cpu_optimizer"]
+    t_sup = {p.name: p.time_s for p in sup.breakdown}["cpu_optimizer"]
+    assert P7 / 4 > 1e9  # two sub-groups per rank: the first one's step hides behind the backward
+    assert t_sup == pytest.approx(t_sync / 2)
+    assert sup.step_time_s < sync.step_time_s
+    # a rank with a single sub-group cannot start its CPU step before the backward ends
+    small = Workload(load_architecture("qwen2.5-1.5b"), 8192)
+    a = _phases(Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu"), gh200, small)
+    b = _phases(Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", super_offload=True),
+                gh200, small)
+    assert a["cpu_optimizer"] == pytest.approx(b["cpu_optimizer"])
+
+
+def test_optimizer_offload_moves_gradients_down_and_parameters_up(gh200):
+    rate = float(gh200.host.d2h(1e9))
+    assert rate == float(gh200.host.h2d(1e9))  # the shipped curves are flat: one rate for both
+    per_byte = P7 / 4 / rate  # seconds per byte per parameter of a rank's partition
+    # ZeRO-2: fp32 gradients down at the boundary (4 bytes), bf16 parameters up after the step (2)
+    s = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", overlap_comm=False)
+    assert _phases(s, gh200)["host_transfer"] == pytest.approx((4 + 2) * per_byte)
+    # ... and with accumulation a bf16 round trip through the host every micro-step but the last,
+    # plus the read-back before the boundary's fp32 copy
+    s = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", overlap_comm=False, grad_accum=3)
+    assert _phases(s, gh200)["host_transfer"] == pytest.approx((2 * 4 + 2 + 4 + 2) * per_byte)
+    # ZeRO-3: the bf16 gradient partition buffer (host) is written and read back every
+    # micro-step, fp32 gradients go down at the boundary, bf16 parameters come up after the step
+    s3 = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", overlap_comm=False, grad_accum=3)
+    assert _phases(s3, gh200)["host_transfer"] == pytest.approx((3 * 4 + 4 + 2) * per_byte)
+    # parameter offload: nothing comes back after the step, the partition comes up every pass instead
+    sp = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", offload_param="cpu",
+                  overlap_comm=False)
+    assert _phases(sp, gh200)["host_transfer"] == pytest.approx((4 + 4) * per_byte + 2 * 2 * per_byte)
+
+
+def test_cpu_checkpointing_copies_each_checkpoint_down_and_up(gh200):
+    rate = float(gh200.host.d2h(1e9))
+    s = Strategy(gpus=1, gpus_per_node=1, checkpoint_every=1, cpu_checkpointing=True, grad_accum=2)
+    ckpt = 4096 * 2 * 4096 * 32  # tokens x bf16 x hidden x layers
+    assert _phases(s, gh200)["host_transfer"] == pytest.approx(2 * 2 * ckpt / rate)
+
+
+def test_deepspeed_overheads_add_per_step_micro_step_module_pass_and_offloaded_parameter():
+    p = profile_with({"overheads.step": 0.5, "overheads.micro_step": 0.01, "overheads.zero3_module_pass": 1e-4,
+                      "overheads.offload_step_per_gparam": 0.2})
+    c = count_params(W7)
+    s = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", grad_accum=2)
+    expected = 0.5 + 2 * 0.01 + 2 * (2 * c.modules_llm) * 1e-4 + 0.2 * P7 / 4 / 1e9
+    assert _phases(s, p)["deepspeed_overhead"] == pytest.approx(expected)
+    z2 = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, grad_accum=2)
+    assert _phases(z2, p)["deepspeed_overhead"] == pytest.approx(0.5 + 0.02)
+
+
+def test_vision_phases_frozen_and_trained(gh200):
+    a = load_architecture("qwen2.5-vl-7b")
+    frozen = Workload(a, 32768, frames=32)
+    trained = Workload(a, 32768, frames=32, train_vision=True)
+    s = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, checkpoint_every=1)
+    f, t = _phases(s, gh200, frozen), _phases(s, gh200, trained)
+    assert f["vision_compute"] > 0 and f["vision_recompute"] == 0.0
+    assert t["vision_recompute"] > 0
+    assert t["vision_compute"] > 2 * f["vision_compute"]  # backward through the encoder
+    assert _phases(s, gh200, Workload(a, 32768))["vision_compute"] == 0.0
