@@ -25,7 +25,10 @@ from advisor.inputs import (
 )
 
 DEFAULT_TOKENS = "1B"
-DEFAULT_TRIALS = 300
+# Optuna trials: enough that the pick lands within 1% of the exhaustive optimum in the
+# benchmark scenarios (benchmarks/bench_advisor.py); a searched GPU count doubles the space's reach.
+DEFAULT_TRIALS = 600
+DEFAULT_TRIALS_GPU_RANGE = 1200
 LAZY_COMMANDS = {
     "calibrate": "advisor.cmd_calibrate:calibrate",
     "wheelhouse": "advisor.cmd_calibrate:wheelhouse",
@@ -193,8 +196,9 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
 @click.option("--max-slowdown", "slowdown_text", default="10%", show_default=True,
               help="How much slower than the fastest feasible strategy the pick may be.")
 @click.option("--search", "method", type=click.Choice(["optuna", "exhaustive"]), default="optuna", show_default=True)
-@click.option("--trials", type=click.IntRange(min=1), default=DEFAULT_TRIALS, show_default=True,
-              help="Optuna trials in this run (a resumed study adds to its earlier ones).")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help=f"Optuna trials in this run (a resumed study adds to its earlier ones). Default: {DEFAULT_TRIALS}, "
+                   f"{DEFAULT_TRIALS_GPU_RANGE} when --gpus is a range.")
 @click.option("--storage", default=None, help="Optuna storage URL: sqlite:///study.db resumes, postgresql://... shares.")
 @click.option("--seed", type=int, default=None, help="Sampler seed (default 0; random with --storage).")
 @click.option("--tokens", "tokens_text", default=DEFAULT_TOKENS, show_default=True,
@@ -223,7 +227,8 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     recommend_run(
         arch=arch, workload=workload, profile=prof, gpu_counts=counts,
         global_batch=_global_batch(global_batch_text, workload.seq_len), tokens=tokens, objective=objective,
-        max_slowdown=slowdown, method=method, trials=trials, storage=storage,
+        max_slowdown=slowdown, method=method, storage=storage,
+        trials=trials or (DEFAULT_TRIALS if gpu_range.fixed else DEFAULT_TRIALS_GPU_RANGE),
         seed=(None if storage else 0) if seed is None else seed,
         out_ds_config=out_ds_config, plot_path=plot_path, as_json=as_json,
     )

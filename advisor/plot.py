@@ -5,6 +5,7 @@ pays for it and no display is needed.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from advisor.search import SearchResult
@@ -32,7 +33,7 @@ def pareto_plot(result: SearchResult, path: str | Path, title: str, max_slowdown
                    label=f"fastest + {max_slowdown:.0%}")
     ax.set_xlabel("run time (h)")
     ax.set_ylabel("run energy, GPU + CPU (kWh)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 100), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

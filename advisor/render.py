@@ -54,6 +54,8 @@ def show_prediction(out: Console, pred, strategy, title: str) -> None:
         phases.add_column(col, justify="left" if col == "phase" else "right")
     total = pred.step_time_s or 1.0
     for ph in pred.breakdown:
+        if ph.time_s == 0 and ph.gpu_energy_j == 0 and ph.cpu_energy_j == 0:
+            continue  # phases this strategy does not have (no offload, no Ulysses, ...)
         phases.add_row(ph.name, f"{ph.time_s:,.4f}", f"{100 * ph.time_s / total:.1f}%",
                        f"{ph.gpu_energy_j:,.0f}", f"{ph.cpu_energy_j:,.0f}")
     out.print(phases)
@@ -64,7 +66,7 @@ def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_con
     c = result.candidates
     table = Table(title=f"Pareto front ({header})", title_justify="left")
     for col in ("", "strategy", "step s", "tokens/s", "energy/step kJ", "run h", "run kWh", "GPU GiB", "host GiB"):
-        table.add_column(col, justify="left" if col in ("", "strategy") else "right")
+        table.add_column(col, justify="left" if col in ("", "strategy") else "right", no_wrap=col == "strategy")
     for i in result.pareto:
         m = c.metrics
         tokens_per_s = c.strategies[i].global_batch * seq_len / m["step_time_s"][i]

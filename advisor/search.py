@@ -9,6 +9,7 @@ when the GPU count is searched it charges more GPUs for the energy they spend.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -210,39 +211,109 @@ def _sampler(name: str, seed: int | None, population: int):
 
 
 def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_slowdown: float = 0.10,
-                  storage: str | None = None, seed: int | None = 0, sampler: str = "tpe", batch: int = 20,
-                  progress: Callable[[int, int], None] | None = None) -> SearchResult:
+                  storage: str | None = None, seed: int | None = 0, sampler: str = "nsga2", batch: int = 20,
+                  polish: float = 0.5, progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Multi-objective (run time, run energy) Optuna study, asked and told in batches so each
     batch is one vectorised prediction. With `storage` the study resumes (SQLite) or is
-    shared between workers (PostgreSQL); the front covers every trial the study holds."""
+    shared between workers (PostgreSQL); the front covers every trial the study holds.
+
+    The last `polish` share of the trials goes to points one parameter away from the front,
+    near the pick first (enqueued with `study.enqueue_trial`): the sampler finds the region,
+    the neighbours settle the exact point."""
     import optuna
     from optuna.distributions import CategoricalDistribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = study_name(problem)
     study = optuna.create_study(
-        study_name=name, storage=storage, load_if_exists=True, directions=["minimize", "minimize"],
+        study_name=study_name(problem), storage=storage, load_if_exists=True, directions=["minimize", "minimize"],
         sampler=_sampler(sampler, seed, batch),
     )
     dists = {k: CategoricalDistribution(list(v)) for k, v in problem.space.choices().items()}
+    seen = _seen_points(study)
+    explore = trials - int(trials * polish)
     done = 0
     while done < trials:
-        asked = [study.ask(dists) for _ in range(min(batch, trials - done))]
-        strategies = [problem.space.strategy(t.params) for t in asked]
-        pred, static = _evaluate(problem, strategies)
-        cons = constraint_values(problem, pred, static)
-        steps = run_steps(problem, np.array([s.global_batch for s in strategies]))
-        for j, trial in enumerate(asked):
-            for cname in CONSTRAINTS:
-                trial.set_constraint(cname, float(cons[cname][j]))
-            record = {m: float(np.asarray(getattr(pred, m))[j]) for m in METRICS}
-            record["feasible"] = all(cons[cname][j] <= 0 for cname in CONSTRAINTS)
-            trial.set_user_attr("metrics", record)
-            study.tell(trial, [float(_finite(pred.step_time_s[j] * steps[j])), float(_finite(pred.energy_j[j] * steps[j]))])
-        done += len(asked)
+        n = min(batch, trials - done)
+        if done >= explore:
+            _enqueue_neighbours(study, problem.space, seen, objective, max_slowdown, n)
+        asked = [study.ask(dists) for _ in range(n)]
+        _tell(problem, study, asked, seen)
+        done += n
         if progress:
             progress(done, trials)
     return _result_from_study(problem, study, objective, max_slowdown, done)
+
+
+def _tell(problem: Problem, study, asked: list, seen: dict) -> None:
+    """Predict the asked trials at once; set their constraints and metrics; tell the values."""
+    strategies = [problem.space.strategy(t.params) for t in asked]
+    pred, static = _evaluate(problem, strategies)
+    cons = constraint_values(problem, pred, static)
+    steps = run_steps(problem, np.array([s.global_batch for s in strategies]))
+    run_time = _finite(np.asarray(pred.step_time_s, dtype=float) * steps)
+    run_energy = _finite(np.asarray(pred.energy_j, dtype=float) * steps)
+    for j, trial in enumerate(asked):
+        for cname in CONSTRAINTS:
+            trial.set_constraint(cname, float(cons[cname][j]))
+        record = {m: float(np.asarray(getattr(pred, m))[j]) for m in METRICS}
+        record["feasible"] = all(cons[cname][j] <= 0 for cname in CONSTRAINTS)
+        trial.set_user_attr("metrics", record)
+        study.tell(trial, [float(run_time[j]), float(run_energy[j])])
+        seen[_params_key(trial.params)] = (float(run_time[j]), float(run_energy[j]), record["feasible"])
+
+
+def _seen_points(study) -> dict[str, tuple[float, float, bool]]:
+    """Points the study already holds (a resumed or shared study): params -> (time, energy, feasible)."""
+    from optuna.trial import TrialState
+
+    return {_params_key(t.params): (t.values[0], t.values[1], all(v <= 0 for v in t.constraints.values()))
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+
+
+# Parameters whose best values move together (memory and batch tie them): two-parameter
+# moves try these pairs first.
+COUPLED = [("sp", "micro_batch"), ("gpus", "sp"), ("gpus", "micro_batch"), ("zero_offload", "checkpointing"),
+           ("checkpointing", "micro_batch"), ("zero_offload", "micro_batch"), ("zero_offload", "sp")]
+
+
+def _neighbours(params: dict, choices: dict, changes: int):
+    """Points `changes` (1 or 2) parameters away from `params`; coupled pairs first."""
+    names = list(choices)
+    combos = list(itertools.combinations(names, changes))
+    if changes == 2:
+        first = [c for c in COUPLED if all(n in choices for n in c)]
+        combos = first + [c for c in combos if c not in first and c[::-1] not in first]
+    for picked in combos:
+        options = [[v for v in choices[n] if v != params[n]] for n in picked]
+        for values in itertools.product(*options):
+            yield {**params, **dict(zip(picked, values))}
+
+
+def _enqueue_neighbours(study, space: Space, seen: dict, objective: str, max_slowdown: float, limit: int) -> int:
+    """Enqueue up to `limit` unseen points near the front: one parameter away from the pick,
+    the fastest point (it sets the slowdown limit) and the rest of the front, then two
+    parameters away from the pick and the fastest (sp and micro-batch move together)."""
+    if not seen:
+        return 0
+    keys = list(seen)
+    time_s, energy_j, feasible = (np.array(col) for col in zip(*seen.values()))
+    front = pareto_front(time_s, energy_j, feasible.astype(bool))
+    if not front:
+        return 0
+    chosen = pick(time_s, energy_j, front, objective, max_slowdown)
+    near = sorted(front, key=lambda i: abs(time_s[i] - time_s[chosen]))
+    rounds = [(i, 1) for i in dict.fromkeys([chosen, front[0], *near])] + [(chosen, 2), (front[0], 2)]
+    choices, queued = space.choices(), set()
+    for i, changes in rounds:
+        for candidate in _neighbours(json.loads(keys[i]), choices, changes):
+            key = _params_key(candidate)
+            if key in seen or key in queued:
+                continue
+            study.enqueue_trial(candidate)
+            queued.add(key)
+            if len(queued) >= limit:
+                return len(queued)
+    return len(queued)
 
 
 def _params_key(params: dict) -> str:

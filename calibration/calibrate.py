@@ -75,7 +75,7 @@ def _setup_distributed() -> tuple[int, int, int, int, str, torch.device]:
         device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout, device_id=device if cuda else None)
     else:
         rank, world, local_rank, local_world = 0, 1, 0, 1
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -92,10 +92,12 @@ def _console():
 
 
 def _preflight(ctx: BenchContext, monitor: EnergyMonitor, console) -> None:
+    """Warn (do not stop) when a GPU is busy or hot; this run's own processes do not count."""
     meter = monitor.gpu_meter
+    own_pids = set(gather_objects(ctx, os.getpid()))
     if ctx.local_rank != 0 or meter.kind != "nvml":
         return
-    for w in environment.busy_or_hot([meter.state(i) for i in range(meter.device_count)]):
+    for w in environment.busy_or_hot([meter.state(i) for i in range(meter.device_count)], own_pids):
         console.print(f"[yellow]warning ({socket.gethostname()}): {w}[/yellow]")
 
 

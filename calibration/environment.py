@@ -90,15 +90,20 @@ def collect(gpu_meter=None, nvml_index: int | None = None) -> dict:
     }
 
 
-def busy_or_hot(states: list[GpuState]) -> list[str]:
-    """Warnings for GPUs that would spoil the measurements: busy, shared, hot or drawing power."""
+def busy_or_hot(states: list[GpuState], own_pids: set[int] = frozenset()) -> list[str]:
+    """Warnings for GPUs that would spoil the measurements: busy, shared, hot or drawing power.
+
+    Processes in `own_pids` (this calibration's ranks) are not counted as other jobs.
+    """
     out = []
     for s in states:
         tag = f"GPU {s.nvml_index} ({s.name})"
+        others = [p for p in (s.process_pids or ()) if p not in own_pids]
         if s.utilization_pct is not None and s.utilization_pct >= BUSY_UTILIZATION_PCT:
             out.append(f"{tag} is {s.utilization_pct:.0f}% utilised: another job is running")
-        if s.process_count:
-            out.append(f"{tag} has {s.process_count} compute process(es) already: timings and power will be shared")
+        if others:
+            out.append(f"{tag} runs other compute processes (pids {', '.join(map(str, others))}): "
+                       "timings and power will be shared")
         if s.memory_used_bytes is not None and s.memory_used_bytes >= BUSY_MEMORY_BYTES:
             out.append(f"{tag} has {s.memory_used_bytes / 2**30:.1f} GiB in use")
         if s.temperature_c is not None and s.temperature_c >= HOT_TEMPERATURE_C:

@@ -41,7 +41,7 @@ class GpuState:
     utilization_pct: float | None
     memory_used_bytes: int | None
     memory_total_bytes: int | None
-    process_count: int | None
+    process_pids: tuple[int, ...] | None
 
 
 class NvmlGpuMeter:
@@ -144,7 +144,7 @@ class NvmlGpuMeter:
         except nv.NVMLError:
             mem_used = mem_total = None
         try:
-            procs = len(nv.nvmlDeviceGetComputeRunningProcesses(h))
+            procs = tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(h))
         except nv.NVMLError:
             procs = None
         return GpuState(
@@ -157,7 +157,7 @@ class NvmlGpuMeter:
             utilization_pct=util,
             memory_used_bytes=mem_used,
             memory_total_bytes=mem_total,
-            process_count=procs,
+            process_pids=procs,
         )
 
     def power_w(self, i: int) -> float:

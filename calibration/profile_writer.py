@@ -212,7 +212,8 @@ class ProfileBuilder:
             note = f"; measured {v:+.1%}, clamped to 0 (noise)" if v < 0 else ""
             src = (f"{'measured' if not self.cpu else self.cpu_tag + ' (two threads)'}: bf16 GEMM stream beside "
                    f"{partner.replace('_', '-')} of {r['partner_bytes'] >> 20} MiB, interleaved launches, "
-                   f"{r['world_size']} ranks{note}")
+                   f"{r['world_size']} ranks; slowdown while overlapped (the stream ending last is credited its "
+                   f"alone speed once the other ends){note}")
             return _q(max(v, 0.0), "fraction", src)
 
         return {

@@ -28,7 +28,7 @@ def one_line(family: str, data: dict) -> str:
     if family == "collective":
         return f"{data['time_s'] * 1e6:.0f} us, bus {_rate(data['busbw_bytes_per_s'], 'B/s')}"
     if family == "overlap":
-        return f"compute +{data['compute_slowdown']:.1%}, other +{data['other_slowdown']:.1%}"
+        return f"compute {data['compute_slowdown']:+.1%}, other {data['other_slowdown']:+.1%}"
     if family == "power":
         gpu = "GPU n/a" if data["gpu_power_w"] is None else f"GPU {data['gpu_power_w']:.0f} W"
         cpu = "" if data["cpu_power_w"] is None else f", CPU {data['cpu_power_w']:.0f} W"

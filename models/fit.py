@@ -1,171 +1,364 @@
-"""Fit the profile's efficiency, overlap, overhead, power and memory terms to measured runs.
+"""Fit the profile's efficiency, overlap, DeepSpeed-overhead and power terms to measured runs.
 
-The structure of the cost model stays fixed; only physically meaningful constants move,
-each inside bounds (an efficiency in (0, 1.2], a power between idle and the cap, an
-overhead of seconds or less). Residuals are relative (log ratio), so a 0.3 s run counts
-as much as a 30 s one. `leave_one_out` refits without each run in turn: that error, not
-the training error, is the number of record.
+The structure of the cost model stays fixed; only a few physically meaningful constants move,
+each inside bounds (an efficiency in [0.3, 1.2], a power between half the idle draw and the
+cap, an overhead of seconds or less). Two stages, because the constants split cleanly:
+time constants are fitted to measured step times first; then GPU power per phase is fitted to
+measured GPU energy with the fitted timing held fixed (power never changes time).
+
+Residuals are log ratios, so a 0.3 s run counts as much as a 30 s one, and a soft-L1 loss keeps
+one disturbed run from dragging every constant. A weak prior pulls each constant towards its
+starting value (`FitParameter.scale` is how far it may plausibly move): constants the runs say
+little about stay where the microbenchmarks or datasheet put them, and a handful of runs cannot
+fit noise. `leave_one_out` refits without each run in turn: that error, not the training error,
+is the number of record.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from models.predict import predict
+from models.predict import predict, predict_batch
 from models.profile import HardwareProfile
-from models.strategy import Strategy
+from models.strategy import Strategy, StrategyBatch
 from models.workload import Workload
 
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """One real training run: what ran and what it cost per optimizer step."""
+    """One real training run that finished: what ran and what it cost per optimizer step."""
 
     workload: Workload
     strategy: Strategy
     step_time_s: float
-    gpu_energy_j: float | None  # per step, summed over GPUs; None when not measured
-    peak_gpu_mem_gib: float | None
+    gpu_energy_j: float | None  # per step, summed over the job's GPUs; None when not measured
+    peak_gpu_mem_gib: float | None  # torch.cuda.max_memory_allocated, max over ranks
+    peak_gpu_reserved_gib: float | None = None  # torch.cuda.max_memory_reserved, max over ranks
     run_id: str = ""
+    label: str = ""
 
     @property
     def family(self) -> str:
-        """Strategy family for error reporting: ZeRO stage, offload kind, sp, checkpointing."""
+        """Strategy family for error reporting: ZeRO stage, offload kind, Ulysses."""
         s = self.strategy
-        offload = "none"
+        out = f"z{s.zero_stage}"
         if s.offload_optimizer == "cpu":
-            offload = "super" if s.super_offload else ("param" if s.offload_param == "cpu" else "opt")
-        vision = "+vision" if self.workload.vision_groups else ""
-        return f"z{s.zero_stage}/{offload}/sp{s.sp}/{'ckpt' if s.checkpoint_every else 'nockpt'}{vision}"
+            out += "/off-param" if s.offload_param == "cpu" else ("/off-super" if s.super_offload else "/off-opt")
+        return out + (f"/sp{s.sp}" if s.sp > 1 else "")
+
+    @property
+    def group(self) -> tuple:
+        """Runs that are alternatives to each other: same model, context, inputs and GPUs."""
+        w = self.workload
+        return (w.arch.name, w.seq_len, w.images, w.frames, w.image_size, w.train_vision, self.strategy.gpus)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.strategy.global_batch * self.workload.seq_len
 
 
 @dataclass(frozen=True)
 class FitParameter:
-    """A profile constant the fit may move: its path in the profile and its bounds."""
+    """A profile constant the fit may move: dotted path, bounds, prior width, what informs it."""
 
-    path: tuple[str, ...]
+    name: str  # dotted path in the profile, e.g. "overheads.step"
     lower: float
     upper: float
-    affects: str  # "time", "energy" or "memory": which residuals inform it
+    scale: float  # how far it may plausibly move from its start (the prior's width, same unit)
+    kind: str  # "time" (fitted to step time) or "energy" (fitted to GPU energy)
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.name.split("."))
 
 
-DEFAULT_PARAMETERS = (
-    FitParameter(("overheads", "compute_efficiency"), 0.3, 1.2, "time"),
-    FitParameter(("overheads", "comm_efficiency"), 0.05, 1.2, "time"),
-    FitParameter(("overheads", "step"), 0.0, 5.0, "time"),
-    FitParameter(("overheads", "micro_step"), 0.0, 1.0, "time"),
-    FitParameter(("overheads", "zero3_module_pass"), 0.0, 5e-3, "time"),
-    FitParameter(("overheads", "offload_step_per_gparam"), 0.0, 10.0, "time"),
-    FitParameter(("overlap", "compute_slowdown_with_collective"), 0.0, 1.0, "time"),
-    FitParameter(("power", "gpu", "compute"), 50.0, 1000.0, "energy"),
-    FitParameter(("power", "gpu", "wait"), 30.0, 400.0, "energy"),
-    FitParameter(("power", "gpu", "collective"), 50.0, 800.0, "energy"),
-    FitParameter(("memory", "framework_reserved"), 0.0, 16.0, "memory"),
-    FitParameter(("memory", "fragmentation"), 0.0, 0.5, "memory"),
+TIME_PARAMETERS = (
+    FitParameter("overheads.compute_efficiency", 0.3, 1.2, 0.1, "time"),
+    FitParameter("overheads.comm_efficiency", 0.05, 1.2, 0.2, "time"),
+    FitParameter("overheads.step", 0.0, 5.0, 0.05, "time"),
+    FitParameter("overheads.micro_step", 0.0, 1.0, 0.02, "time"),
+    FitParameter("overheads.zero3_module_pass", 0.0, 5e-3, 1e-4, "time"),
+    FitParameter("overheads.offload_step_per_gparam", 0.0, 10.0, 0.5, "time"),
+    FitParameter("overlap.compute_slowdown_with_collective", 0.0, 1.0, 0.1, "time"),
+    FitParameter("overlap.collective_slowdown_with_compute", 0.0, 2.0, 0.3, "time"),
 )
+POWER_PHASES = ("compute", "memory_bound", "collective", "host_copy", "wait", "overlap")
 
 
-def get_value(profile: HardwareProfile, path: tuple[str, ...]) -> float:
+def default_parameters(profile: HardwareProfile) -> tuple[FitParameter, ...]:
+    """The time constants above, and GPU power per phase bounded by this profile's idle and cap."""
+    idle, cap = profile.power.gpu.idle.value, profile.gpu.power_cap.value
+    power = tuple(FitParameter(f"power.gpu.{k}", 0.5 * idle, cap, 50.0, "energy") for k in POWER_PHASES)
+    return TIME_PARAMETERS + power
+
+
+def get_value(profile: HardwareProfile, name: str) -> float:
     node = profile
-    for key in path:
+    for key in name.split("."):
         node = getattr(node, key)
-    return node.value
+    return float(node.value)
 
 
-def with_values(profile: HardwareProfile, values: dict[tuple[str, ...], float], source: str) -> HardwareProfile:
-    """A copy of `profile` with the quantities at `values`' paths replaced (units kept)."""
-    data = profile.model_dump()
-    for path, value in values.items():
-        node = data
-        for key in path:
-            node = node[key]
-        node["value"] = float(value)
-        node["source"] = source
-    return HardwareProfile.model_validate(data)
+def _set(node, path: tuple[str, ...], value: float, source: str | None):
+    if not path:
+        update = {"value": float(value)} if source is None else {"value": float(value), "source": source}
+        return node.model_copy(update=update)
+    return node.model_copy(update={path[0]: _set(getattr(node, path[0]), path[1:], value, source)})
 
 
-def _relative_error(predicted: float, measured: float | None) -> float | None:
-    if measured is None or not np.isfinite(measured) or measured <= 0 or predicted <= 0:
-        return None
-    return float(np.log(predicted / measured))
+def with_values(profile: HardwareProfile, values: dict[str, float], sources: dict[str, str] | None = None,
+                validate: bool = False) -> HardwareProfile:
+    """A copy of `profile` with the quantities named in `values` replaced (units kept).
 
-
-@dataclass
-class ProfileFit:
-    """scikit-learn-shaped: __init__ stores settings, fit() sets the attributes ending in _."""
-
-    parameters: tuple[FitParameter, ...] = DEFAULT_PARAMETERS
-    memory_weight: float = 0.5
-    source: str = "fitted to measured runs"
-    profile_: HardwareProfile | None = field(default=None, init=False)
-    values_: dict[tuple[str, ...], float] = field(default_factory=dict, init=False)
-    cost_: float | None = field(default=None, init=False)
-
-    def _residuals(self, runs: list[MeasuredRun], profile: HardwareProfile) -> np.ndarray:
-        out = []
-        for run in runs:
-            p = predict(run.workload, run.strategy, profile)
-            for predicted, measured, weight in (
-                (p.step_time_s, run.step_time_s, 1.0),
-                (p.gpu_energy_j, run.gpu_energy_j, 1.0),
-                (p.peak_gpu_mem_gib, run.peak_gpu_mem_gib, self.memory_weight),
-            ):
-                err = _relative_error(predicted, measured)
-                out.append(0.0 if err is None else weight * err)
-        return np.asarray(out)
-
-    def fit(self, runs: list[MeasuredRun], base_profile: HardwareProfile) -> "ProfileFit":
-        if not runs:
-            raise ValueError("no measured runs to fit")
-        paths = [p.path for p in self.parameters]
-        start = np.array([get_value(base_profile, p) for p in paths])
-        lower = np.array([p.lower for p in self.parameters])
-        upper = np.array([p.upper for p in self.parameters])
-        start = np.clip(start, lower + 1e-12, upper - 1e-12)
-        scale = np.maximum(np.abs(start), (upper - lower) * 1e-2)
-
-        def residuals(x: np.ndarray) -> np.ndarray:
-            return self._residuals(runs, with_values(base_profile, dict(zip(paths, x)), self.source))
-
-        result = least_squares(residuals, start, bounds=(lower, upper), x_scale=scale, method="trf", max_nfev=200)
-        self.values_ = dict(zip(paths, result.x))
-        self.profile_ = with_values(base_profile, self.values_, f"{self.source} ({len(runs)} runs)")
-        self.cost_ = float(result.cost)
-        return self
+    Without `validate` this is a cheap copy for the fit's inner loop; the profile written out is
+    validated again."""
+    for name, value in values.items():
+        profile = _set(profile, tuple(name.split(".")), value, (sources or {}).get(name))
+    return HardwareProfile.model_validate(profile.model_dump()) if validate else profile
 
 
 @dataclass(frozen=True)
-class RunError:
-    run_id: str
-    family: str
-    time_error: float  # (predicted - measured) / measured
-    energy_error: float | None
-    memory_error: float | None
+class RunPredictions:
+    """Predictions for a list of runs, in the same order, as arrays."""
+
+    step_time_s: np.ndarray
+    gpu_energy_j: np.ndarray
+    allocated_gpu_mem_gib: np.ndarray
+    phase_time_s: dict[str, np.ndarray]
 
 
-def relative_errors(run: MeasuredRun, profile: HardwareProfile) -> RunError:
-    p = predict(run.workload, run.strategy, profile)
+class RunEvaluator:
+    """Predicts a fixed list of runs on any profile, one `predict_batch` call per workload."""
 
-    def rel(predicted, measured):
-        return None if measured is None else (predicted - measured) / measured
+    def __init__(self, runs: list[MeasuredRun]):
+        groups: dict[Workload, list[int]] = {}
+        for i, run in enumerate(runs):
+            groups.setdefault(run.workload, []).append(i)
+        self.n = len(runs)
+        self._groups = [(w, StrategyBatch.from_strategies([runs[i].strategy for i in idx]), np.asarray(idx))
+                        for w, idx in groups.items()]
 
-    return RunError(
-        run_id=run.run_id,
-        family=run.family,
-        time_error=rel(p.step_time_s, run.step_time_s),
-        energy_error=rel(p.gpu_energy_j, run.gpu_energy_j),
-        memory_error=rel(p.peak_gpu_mem_gib, run.peak_gpu_mem_gib),
-    )
+    def __call__(self, profile: HardwareProfile) -> RunPredictions:
+        step, energy, alloc = np.empty(self.n), np.empty(self.n), np.empty(self.n)
+        phases: dict[str, np.ndarray] = {}
+        for workload, batch, idx in self._groups:
+            p = predict_batch(workload, batch, profile)
+            step[idx], energy[idx], alloc[idx] = p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib
+            for name, values in p.phase_time_s.items():
+                phases.setdefault(name, np.zeros(self.n))[idx] = values
+        return RunPredictions(step, energy, alloc, phases)
 
 
-def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, fit: ProfileFit | None = None) -> list[RunError]:
-    """Refit without each run and predict it: the honest estimate of error on unseen runs."""
-    template = fit or ProfileFit()
-    errors = []
-    for i, held_out in enumerate(runs):
-        model = ProfileFit(parameters=template.parameters, memory_weight=template.memory_weight)
-        model.fit(runs[:i] + runs[i + 1 :], base_profile)
-        errors.append(relative_errors(held_out, model.profile_))
-    return errors
+def log_ratio(predicted: np.ndarray, measured: np.ndarray, bad: float = 5.0) -> np.ndarray:
+    """log(predicted / measured); `bad` where the model gives no positive finite number."""
+    ok = np.isfinite(predicted) & (predicted > 0)
+    return np.where(ok, np.log(np.where(ok, predicted, 1.0) / measured), bad)
+
+
+@dataclass(frozen=True)
+class FittedParameter:
+    """One constant after the fit: where it started, where it ended, and how sure the fit is."""
+
+    name: str
+    kind: str
+    start: float
+    value: float
+    std: float | None  # Gauss-Newton standard error; None when not fitted
+    informed: bool  # the runs move predictions when this constant moves; uninformed ones are kept
+
+
+class ProfileFit:
+    """Fit a profile's constants to measured runs (scikit-learn shape: settings in __init__,
+    `fit` returns self, fitted state ends in _).
+
+    Extrapolation is explicit: with `uninformed="keep"`, a constant that no run responds to (a
+    ZeRO-3 hook cost when no ZeRO-3 run was measured) keeps its starting value and its source,
+    so families the runs do not cover are predicted exactly as before the fit; `"fit"` lets the
+    prior alone decide (the same value, but marked fitted). Past the measured sizes, the fitted
+    constants are used as they are: the cost model's structure does the extrapolating.
+    """
+
+    def __init__(self, parameters: tuple[FitParameter, ...] | None = None, prior_strength: float = 1e-3,
+                 loss: str = "soft_l1", f_scale: float = 0.1, max_nfev: int | None = None,
+                 min_effect: float = 1e-3, uninformed: str = "keep", fit_fragmentation: bool = True,
+                 data_note: str = ""):
+        self.parameters = parameters
+        self.prior_strength = prior_strength
+        self.loss = loss
+        self.f_scale = f_scale
+        self.max_nfev = max_nfev
+        self.min_effect = min_effect
+        self.uninformed = uninformed
+        self.fit_fragmentation = fit_fragmentation
+        self.data_note = data_note
+
+    def get_params(self) -> dict:
+        return {k: getattr(self, k) for k in ("parameters", "prior_strength", "loss", "f_scale", "max_nfev",
+                                              "min_effect", "uninformed", "fit_fragmentation", "data_note")}
+
+    def fit(self, runs: list[MeasuredRun], base_profile: HardwareProfile,
+            warm_start: dict[str, float] | None = None) -> "ProfileFit":
+        """Fit to `runs`, starting from `base_profile` (also the prior's centre); `warm_start`
+        only moves the optimizer's starting point (e.g. a full fit's values for leave-one-out)."""
+        if not runs:
+            raise ValueError("no measured runs to fit")
+        assert self.uninformed in ("keep", "fit"), self.uninformed
+        params = self.parameters or default_parameters(base_profile)
+        evaluate = RunEvaluator(runs)
+        start = {p.name: get_value(base_profile, p.name) for p in params}
+        values, fitted = dict(start), {}
+        measured_t = np.array([r.step_time_s for r in runs], dtype=float)
+        has_e = np.array([r.gpu_energy_j is not None and r.gpu_energy_j > 0 for r in runs])
+        measured_e = np.array([r.gpu_energy_j if h else 1.0 for r, h in zip(runs, has_e)], dtype=float)
+        self.nfev_ = 0
+
+        def time_residuals(profile):
+            return log_ratio(evaluate(profile).step_time_s, measured_t)
+
+        def energy_residuals(profile):
+            return log_ratio(evaluate(profile).gpu_energy_j[has_e], measured_e[has_e])
+
+        for kind, residuals in (("time", time_residuals), ("energy", energy_residuals)):
+            stage = [p for p in params if p.kind == kind]
+            if not stage or (kind == "energy" and not has_e.any()):
+                fitted.update({p.name: FittedParameter(p.name, kind, start[p.name], start[p.name], None, False)
+                               for p in stage})
+                continue
+            fitted.update(self._fit_stage(stage, values, base_profile, residuals, start, warm_start or {}))
+            values.update({name: f.value for name, f in fitted.items()})
+
+        self.fragmentation_ = self._fragmentation(runs) if self.fit_fragmentation else None
+        self.parameters_ = fitted
+        self.values_ = {name: f.value for name, f in fitted.items() if f.informed}
+        self.n_runs_ = len(runs)
+        self.run_ids_ = [r.run_id for r in runs]
+        self.profile_ = self._fitted_profile(base_profile, runs)
+        return self
+
+    def _fit_stage(self, stage, values, base, residuals, start, warm) -> dict[str, FittedParameter]:
+        lower = np.array([p.lower for p in stage])
+        upper = np.array([p.upper for p in stage])
+        scale = np.array([p.scale for p in stage])
+        centre = np.clip([start[p.name] for p in stage], lower, upper)
+        x0 = np.clip([warm.get(p.name, values[p.name]) for p in stage], lower, upper)
+
+        def profile_at(x):
+            return with_values(base, {**values, **{p.name: v for p, v in zip(stage, x)}})
+
+        if known_informed is None:
+            effects = _probe(stage, x0, profile_at, residuals)
+            self.nfev_ += len(stage) + 1
+            informed = np.max(effects, axis=0, initial=0.0) > self.min_effect
+        else:
+            informed = np.array([p.name in known_informed for p in stage])
+        free = informed if self.uninformed == "keep" else np.ones(len(stage), dtype=bool)
+        x_final, std = np.where(free, x0, centre), np.full(len(stage), np.nan)
+        if free.any():
+            idx = np.flatnonzero(free)
+            prior_w = np.sqrt(self.prior_strength) if self.prior_strength > 0 else 0.0
+
+            def full(z):
+                x = x_final.copy()
+                x[idx] = z
+                return np.concatenate([residuals(profile_at(x)), prior_w * (z - centre[idx]) / scale[idx]])
+
+            result = least_squares(full, x0[idx], bounds=(lower[idx], upper[idx]), x_scale=scale[idx],
+                                   method="trf", loss=self.loss, f_scale=self.f_scale,
+                                   max_nfev=self.max_nfev, diff_step=1e-4)
+            self.nfev_ += int(result.nfev) + int(result.njev or 0) * len(idx)
+            x_final[idx] = result.x
+            std[idx] = _standard_errors(result.jac, result.fun, n_data=len(result.fun) - len(idx))
+        return {p.name: FittedParameter(p.name, p.kind, float(start[p.name]), float(x_final[j]),
+                                        None if np.isnan(std[j]) else float(std[j]), bool(free[j]))
+                for j, p in enumerate(stage)}
+
+    @staticmethod
+    def _fragmentation(runs: list[MeasuredRun]) -> float | None:
+        """Caching-allocator overhead: median of reserved / allocated - 1 over runs that measured both."""
+        ratios = [r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib for r in runs
+                  if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0]
+        return float(np.clip(np.median(ratios) - 1.0, 0.0, 0.5)) if ratios else None
+
+    def _fitted_profile(self, base: HardwareProfile, runs: list[MeasuredRun]) -> HardwareProfile:
+        date = datetime.now(timezone.utc).date().isoformat()
+        n = len(runs)
+        values, sources = {}, {}
+        for f in self.parameters_.values():
+            if not f.informed:
+                continue
+            old = getattr_path(base, f.name).source
+            spread = f" +- {f.std:.3g}" if f.std is not None else ""
+            values[f.name] = f.value
+            sources[f.name] = (f"fitted: {f.value:.4g}{spread} by least squares to {f.kind} of {n} measured runs "
+                               f"(advisor fit, {date}); before: {f.start:.4g} ({old[:160]})")
+        if self.fragmentation_ is not None:
+            n_res = sum(1 for r in runs if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib)
+            values["memory.fragmentation"] = self.fragmentation_
+            sources["memory.fragmentation"] = (
+                f"fitted: median over {n_res} measured runs of torch max_memory_reserved / max_memory_allocated - 1 "
+                f"(advisor fit, {date})")
+        profile = with_values(base, values, sources)
+        kept = sorted(f.name for f in self.parameters_.values() if not f.informed)
+        ids = ", ".join(r.run_id or r.label or "?" for r in runs)
+        notes = (f"Fitted by advisor fit on {date} from profile '{base.name}' ({base.provenance.kind}) to {n} "
+                 f"measured runs{' from ' + self.data_note if self.data_note else ''}: {ids}. Time constants are "
+                 "fitted to step time, GPU power per phase to GPU energy (bounded log-ratio least squares, "
+                 "soft-L1 loss, weak prior towards the starting values). "
+                 + (f"Not informed by these runs, kept: {', '.join(kept)}. " if kept else "")
+                 + f"Before the fit: {base.provenance.notes}")
+        provenance = base.provenance.model_copy(update={"kind": "fitted", "date": date, "notes": notes})
+        return HardwareProfile.model_validate(profile.model_copy(update={"provenance": provenance}).model_dump())
+
+
+def getattr_path(profile: HardwareProfile, name: str):
+    node = profile
+    for key in name.split("."):
+        node = getattr(node, key)
+    return node
+
+
+def _standard_errors(jac: np.ndarray, fun: np.ndarray, n_data: int) -> np.ndarray:
+    """Gauss-Newton standard errors: sqrt(diag((J^T J)^-1) * residual variance)."""
+    dof = max(n_data - jac.shape[1], 1)
+    variance = float(np.sum(fun[:n_data] ** 2)) / dof
+    cov = np.linalg.pinv(jac.T @ jac) * variance
+    return np.sqrt(np.clip(np.diag(cov), 0.0, None))
+
+
+@dataclass(frozen=True)
+class HeldOutPrediction:
+    """A run predicted by a profile fitted without it."""
+
+    run: MeasuredRun
+    step_time_s: float
+    gpu_energy_j: float
+    allocated_gpu_mem_gib: float
+    profile: HardwareProfile = field(repr=False)
+
+
+def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit | None = None,
+                  full_fit: ProfileFit | None = None, max_nfev: int | None = 50) -> list[HeldOutPrediction]:
+    """Refit without each run in turn and predict it: the honest estimate of error on new runs.
+
+    Each refit starts the optimizer from the full fit's values (the prior stays centred on
+    `base_profile`, so nothing of the held-out run leaks in) and stops after `max_nfev`
+    evaluations, which a warm start rarely needs."""
+    settings = (estimator or ProfileFit()).get_params()
+    if max_nfev is not None:
+        settings["max_nfev"] = max_nfev
+    if full_fit is None:
+        full_fit = ProfileFit(**(estimator or ProfileFit()).get_params()).fit(runs, base_profile)
+    warm = {name: f.value for name, f in full_fit.parameters_.items()}
+    out = []
+    for i, held in enumerate(runs):
+        others = runs[:i] + runs[i + 1:]
+        if not others:
+            model_profile = base_profile
+        else:
+            model_profile = ProfileFit(**settings).fit(others, base_profile, warm_start=warm).profile_
+        p = predict(held.workload, held.strategy, model_profile)
+        out.append(HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile))
+    return out

@@ -46,6 +46,15 @@ class RMSNorm(nn.Module):
         return (x.float() * torch.rsqrt(variance + self.eps)).type_as(x) * self.weight
 
 
+class Embedding(nn.Embedding):
+    """Token embedding initialised N(0, 0.02) as LLaMA/GPT-2 do (torch's N(0, 1) would make
+    tied logits, and the loss, huge). Done in reset_parameters, which runs inside __init__,
+    so it also holds under deepspeed.zero.Init, which partitions right after."""
+
+    def reset_parameters(self):
+        nn.init.normal_(self.weight, std=0.02)
+
+
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float = 10000.0):
     """cos/sin of shape [seq, head_dim/2] for absolute `positions` (RoFormer, Su et al. 2021)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
@@ -212,7 +221,7 @@ class Transformer(nn.Module):
     ):
         super().__init__()
         self.arch, self.checkpointing = arch, checkpointing
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.embed_tokens = Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(DecoderBlock(arch, attention_wrapper) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size)
         self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -53,8 +54,10 @@ def split_slots(gpus: list[int | None], cpus: list[int] | None = None) -> list[S
 
 
 def harness_command(c: Candidate, config_path: Path, out_path: Path, s: RunSettings) -> list[str]:
+    """torchrun for several ranks; one rank starts directly (see `single_rank_env`)."""
     model = str(Path(c.model).resolve()) if Path(c.model).is_file() else c.model  # the run's cwd differs
-    cmd = [s.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(c.gpus),
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(c.gpus)] if c.gpus > 1 else []
+    cmd = [s.python, *launcher,
            "-m", "calibration.harness.train", "--model", model, "--seq", str(c.seq_len),
            "--ds-config", str(config_path), "--warmup", str(s.warmup), "--steps", str(s.steps),
            "--min-window-s", str(s.min_window_s), "--max-steps", str(s.max_steps), "--out", str(out_path)]
@@ -73,6 +76,16 @@ def harness_command(c: Candidate, config_path: Path, out_path: Path, s: RunSetti
     return cmd
 
 
+def single_rank_env() -> dict:
+    """What torchrun would give a lone rank. Starting it directly saves torchrun's own Python
+    and torch import and its shutdown, several seconds of every single-GPU run."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
 def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
@@ -88,6 +101,8 @@ def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettin
     config_path.write_text(json.dumps(c.ds_config, indent=1))
     env = {**os.environ, **settings.env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_repo_root(), env.get("PYTHONPATH")) if p)
+    if c.gpus == 1:
+        env.update(single_rank_env())
     slots = slots or [Slot()]
     if len(slots) < c.gpus and slots[0].gpu is not None:
         return RunResult(status="crash", reason=f"needs {c.gpus} GPUs, {len(slots)} given to the run")
@@ -184,18 +199,33 @@ def run_sweep(
     deadline_s: float | None = None,
     retry: tuple[str, ...] = (),
     concurrent: bool = True,
+    min_run_s: float = 30.0,
 ) -> list[RunRecord]:
     """Run what is not yet in `jsonl_path`, in order, on the free slots; return the new records.
 
     `predict(candidate)` gives (prediction dict, profile name, notes) before each run. `on_record`
     is called with each record right after it is appended (the store). `retry` lists statuses
-    to run again (e.g. ("timeout",)). No run starts, or runs past, `deadline_s` seconds from now.
-    `concurrent=False` runs one candidate at a time even where slots are free."""
+    to run again (e.g. ("timeout",)). No run starts later than `min_run_s` before `deadline_s`
+    (seconds from now), nor runs past it; a run the deadline stops is not recorded, so the next
+    sweep runs it. While the next candidate waits for more GPUs than are free, one later
+    candidate that fits may use the idle ones (one per waiting candidate, so it cannot starve).
+    `concurrent=False` runs one candidate at a time."""
     slots = slots or [Slot()]
+    on_gpus = slots[0].gpu is not None
     done = {r.key for r in read_records(jsonl_path) if r.result.status not in retry}
     pending = [c for c in candidates if c.key() not in done]
     end = None if deadline_s is None else time.monotonic() + deadline_s
     free, running, new = list(slots), {}, []
+    backfilled_for = None
+
+    def need(c: Candidate) -> int:
+        return c.gpus if on_gpus else 1  # without GPUs a run's ranks share the host: one at a time
+
+    def may_start(c: Candidate) -> bool:
+        return len(free) >= need(c) and (not running or (concurrent and on_gpus))
+
+    def time_left() -> float:
+        return float("inf") if end is None else end - time.monotonic()
 
     def finish(c: Candidate, result: RunResult, pred):
         record = RunRecord.now(c, result, *pred)
@@ -204,35 +234,45 @@ def run_sweep(
             on_record(record)
         new.append(record)
 
+    def launch(pool, c: Candidate):
+        nonlocal free
+        mine, free = free[: need(c)], free[need(c):]
+        pred = predict(c) if predict else (None, None, [])
+        budget = min(settings.timeout_s, time_left())
+        future = pool.submit(run_candidate, c, workdir, replace(settings, timeout_s=budget), mine)
+        running[future] = [c, mine, pred, 1, budget < settings.timeout_s]
+        for entry in running.values():
+            entry[3] = max(entry[3], len(running))
+
     with ThreadPoolExecutor(max_workers=len(slots)) as pool:
         while pending or running:
-            while pending and (end is None or time.monotonic() < end):
+            while pending and time_left() > min_run_s:
                 head = pending[0]
-                if head.gpus > len(slots) and slots[0].gpu is not None:
+                if on_gpus and head.gpus > len(slots):
                     pending.pop(0)
                     finish(head, RunResult(status="crash", reason=f"needs {head.gpus} GPUs, the machine has {len(slots)}"),
                            (None, None, []))
-                    continue
-                take = 1 if slots[0].gpu is None else head.gpus
-                if len(free) < take or ((not concurrent or slots[0].gpu is None) and running):
-                    break  # strict order: the head waits for its GPUs
-                pending.pop(0)
-                mine, free = free[:take], free[take:]
-                pred = predict(head) if predict else (None, None, [])
-                budget = settings.timeout_s if end is None else max(1.0, min(settings.timeout_s, end - time.monotonic()))
-                future = pool.submit(run_candidate, head, workdir, replace(settings, timeout_s=budget), mine)
-                running[future] = [head, mine, pred, 1]
-                for entry in running.values():
-                    entry[3] = max(entry[3], len(running))
-            if end is not None and time.monotonic() >= end and not running:
-                break
+                elif may_start(head):
+                    launch(pool, pending.pop(0))
+                else:
+                    filler = next((c for c in pending[1:] if may_start(c)), None)
+                    if filler is None or backfilled_for == head.key():
+                        break
+                    pending.remove(filler)
+                    launch(pool, filler)
+                    backfilled_for = head.key()
             if not running:
-                continue
+                break  # nothing runs and nothing may start: the deadline is near
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for future in finished:
-                c, mine, pred, overlap = running.pop(future)
+                c, mine, pred, overlap, cut = running.pop(future)
                 free.extend(mine)
-                finish(c, replace(future.result(), concurrent_runs=overlap), pred)
+                result = future.result()
+                if cut and result.status == "timeout":
+                    print(f"[cut] {c.label or c.key()}: stopped by the sweep's deadline; not recorded, runs next time",
+                          file=sys.stderr)
+                    continue
+                finish(c, replace(result, concurrent_runs=overlap), pred)
     return new
 
 

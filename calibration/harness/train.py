@@ -95,7 +95,21 @@ def _dtype(cfg: dict):
     return torch.float32
 
 
-def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | None:
+class Timeline:
+    """Seconds since this process started at each named point: where a run's start-up goes."""
+
+    def __init__(self):
+        import psutil
+
+        self._created = psutil.Process().create_time()
+        self.marks: dict[str, float] = {}
+        self.mark("main")
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = round(time.time() - self._created, 2)
+
+
+def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeline) -> RunResult | None:
     """Run warm-up and measured steps; rank 0 gets the combined result, other ranks None."""
     import deepspeed
     import torch
@@ -107,6 +121,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | N
     from models.architecture import load_architecture
     from models.workload import Workload
 
+    timeline.mark("imported")
     cuda = torch.cuda.is_available()
     device_kind = "cuda" if cuda else "cpu"
     with open(args.ds_config) as f:
@@ -124,6 +139,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | N
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    timeline.mark("distributed")
 
     sp = args.sp or int(cfg.get("sequence_parallel_size", 1))
     mpu, attention_wrapper, sp_rank = None, None, 0
@@ -161,10 +177,12 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | N
         torch.set_default_dtype(default_dtype)
     if args.freeze_vision:
         model.freeze_vision_encoder()
+    timeline.mark("built")
 
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg, mpu=mpu
     )
+    timeline.mark("initialized")
     micro_batch, grad_accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     batch = make_batch(workload, micro_batch, sp, sp_rank, dp_rank, device, dtype)
     # Peaks below are of training (warm-up and measured steps), not of start-up transients.
@@ -187,6 +205,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | N
         losses.append(step())
         sync()
         warm_s = time.perf_counter() - start
+    timeline.mark("warmed_up")
     # Same step count on every rank (collectives), enough for a window NVML can resolve.
     slowest = torch.tensor([warm_s], device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -205,6 +224,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | N
     measurement = monitor.end_window("measured")
     window_s = time.perf_counter() - window_start
     cpu_s = process_tree_cpu_s() - cpu_before
+    timeline.mark("measured")
 
     sampler.sample()
     mine = {
@@ -221,10 +241,10 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | N
     }
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
-    if rank != 0:
-        engine.destroy()
-        return None
     engine.destroy()
+    timeline.mark("gathered")
+    if rank != 0:
+        return None
 
     def total(key):
         values = [r[key] for r in everyone]
@@ -257,6 +277,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler) -> RunResult | N
         cpu_meter=_cpu_meter_label(monitor, any(r["cpu_energy_estimated"] for r in everyone)),
         world_size=world,
         config_adjustments=adjustments,
+        timeline_s=timeline.marks,
         machine={
             **machine_info(device_kind),
             "peak_gpu_mem_init_gib": init_peak / GIB if cuda else None,
@@ -287,10 +308,11 @@ def classify_failure(exc: BaseException) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    timeline = Timeline()
     sampler = HostMemorySampler().start()
     rank = int(os.environ.get("RANK", 0))
     try:
-        result = train(args, sampler)
+        result = train(args, sampler, timeline)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
         traceback.print_exc()
         status = classify_failure(exc)
@@ -302,7 +324,16 @@ def main(argv=None) -> int:
     sampler.stop()
     if result is not None:
         result.write(args.out)
+    _shutdown()
     return 0
+
+
+def _shutdown() -> None:
+    """Leave the process group cleanly (an abandoned NCCL communicator slows the exit)."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
 
 
 if __name__ == "__main__":

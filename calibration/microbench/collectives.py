@@ -84,7 +84,7 @@ def bench_collective(ctx: BenchContext, op: str, scope: str, size: int, nbytes: 
     group = get_group(ctx, scope, size)
     call = make_call(ctx, op, nbytes, size, group)
     dist.barrier()
-    t = all_ranks_max(ctx, time_per_call(ctx, call, warmup=3, max_calls=2000, agree=lambda v: all_ranks_max(ctx, v)))
+    t = time_per_call(ctx, call, warmup=3, max_calls=2000, agree=lambda v: all_ranks_max(ctx, v))  # slowest rank
     return {"op": op, "scope": scope, "group_size": size, "bytes": nbytes, "time_s": t,
             "algbw_bytes_per_s": nbytes / t, "busbw_bytes_per_s": bus_bandwidth(op, size, nbytes, t),
             "backend": ctx.backend, "dtype": str(_dtype(ctx)).replace("torch.", "")}

@@ -102,8 +102,9 @@ def time_per_call(
 ) -> float:
     """Median seconds per call of `fn` (which only enqueues work on a GPU).
 
-    `agree` makes every rank use the same call count (collectives: all_ranks_max), since
-    ranks that ran different numbers of collectives would hang.
+    `agree` (collectives: all_ranks_max) makes every rank use the same call count and
+    return the same time, since ranks that ran different numbers of collectives would hang
+    and callers size later loops from the returned time.
     """
     for _ in range(warmup):
         fn()
@@ -112,8 +113,8 @@ def time_per_call(
     if agree is not None:
         probe = agree(probe)
     calls = int(min(max_calls, max(1, math.ceil(ctx.sizes.batch_target_s / max(probe, 1e-7)))))
-    per_call = [_elapsed_s(ctx, fn, calls) / calls for _ in range(ctx.sizes.batches)]
-    return statistics.median(per_call)
+    per_call = statistics.median(_elapsed_s(ctx, fn, calls) / calls for _ in range(ctx.sizes.batches))
+    return agree(per_call) if agree is not None else per_call
 
 
 def run_for(ctx: BenchContext, fn: Callable[[], Any], seconds: float, per_call_s: float) -> int:

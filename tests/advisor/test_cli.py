@@ -187,3 +187,15 @@ def test_lazy_commands_do_not_break_the_cli():
     result = run("--help")
     assert result.exit_code == 0
     assert "predict" in result.output and "recommend" in result.output
+
+
+def test_storage_resumes_a_study_from_the_command_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    args = ("recommend", "--model", "7B", "--seq", "32k", "--trials", "40", "--storage", url)
+    first = run_json(*args)
+    second = run_json(*args)
+    assert first["search"]["study_name"] == second["search"]["study_name"]
+    assert second["search"]["distinct_strategies"] > first["search"]["distinct_strategies"]
+    import optuna
+
+    assert len(optuna.load_study(study_name=second["search"]["study_name"], storage=url).trials) == 80

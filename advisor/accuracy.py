@@ -1,0 +1,329 @@
+"""How well a profile predicts real runs: stored run records in, an accuracy table out.
+
+Records (from `data/runs/*.jsonl` or the SQLite store) become `models.fit.MeasuredRun`s; runs
+that failed (oom, crash, timeout) cannot be compared and are counted, not used. The table gives,
+per strategy family and overall, step-time and GPU-energy MAPE, the largest error, Spearman rank
+correlation, and allocated GPU memory against torch's max_memory_allocated (like with like: the
+prediction's `allocated_gpu_mem_gib`, not its peak with fragmentation and reserve). The ranking
+check asks what the advisor is for: in each group of alternatives (same model, context, inputs
+and GPUs), is the strategy predicted to need the least energy per token within 3% of the best
+measured one? `targets` compares all this with the project's targets, PASS or MISS.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from calibration.harness.candidate import RunRecord
+from models.fit import MeasuredRun, ProfileFit, RunEvaluator, leave_one_out
+from models.profile import HardwareProfile
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAILED = ("oom", "crash", "timeout")
+
+
+class RunDataError(ValueError):
+    """Run records that cannot be read; the message names the file and line."""
+
+
+def read_records(paths: list[str | Path] = (), store: str | Path | None = None) -> list[RunRecord]:
+    """Records from JSONL files (one RunRecord a line) and from a run store, in that order."""
+    records = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise RunDataError(f"run file not found: {path}")
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(RunRecord.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as exc:
+                raise RunDataError(f"{path}:{number}: not a run record ({exc})") from None
+    if store is not None:
+        from advisor.store import RunStore
+
+        if not Path(store).exists():
+            raise RunDataError(f"run store not found: {store}")
+        with RunStore(store) as db:
+            records.extend(db.runs())
+    return records
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """The usable runs, and an account of every record that is not among them."""
+
+    runs: list[MeasuredRun]
+    failed: dict[str, int]  # status -> count (oom, crash, timeout): excluded
+    skipped: list[str] = field(default_factory=list)  # ok records that cannot be used, and why
+    duplicates: int = 0  # older ok records of a candidate measured again (the latest is kept)
+
+    def summary(self) -> str:
+        parts = [f"{len(self.runs)} runs used"]
+        if self.failed:
+            parts.append("failed, not used: " + ", ".join(f"{n} {s}" for s, n in sorted(self.failed.items())))
+        if self.skipped:
+            parts.append(f"{len(self.skipped)} unusable")
+        if self.duplicates:
+            parts.append(f"{self.duplicates} repeated runs (latest kept)")
+        return "; ".join(parts)
+
+
+def _resolve_model(model: str) -> str:
+    """A config.json named relative to the repository (as sweep files do) works from any folder."""
+    if model.endswith(".json") and not Path(model).exists() and (REPO_ROOT / model).exists():
+        return str(REPO_ROOT / model)
+    return model
+
+
+def to_measured_run(record: RunRecord) -> MeasuredRun:
+    """One ok record as a MeasuredRun; ValueError saying why when it cannot be one."""
+    from models.architecture import load_architecture
+    from models.strategy import Strategy
+    from models.workload import Workload
+
+    c, r = record.candidate, record.result
+    if r.status != "ok":
+        raise ValueError(f"status {r.status}")
+    if r.step_time_s is None or not r.step_time_s > 0:
+        raise ValueError("no measured step time")
+    arch = load_architecture(_resolve_model(c.model))
+    if c.strategy is not None:
+        strategy = Strategy(**c.strategy)
+    else:
+        from advisor.ds_config import parse_ds_config, strategy_from_ds_config
+
+        settings = parse_ds_config(c.ds_config, arch)
+        strategy = strategy_from_ds_config(settings, gpus=c.gpus, gpus_per_node=c.gpus)
+    workload = Workload(arch, c.seq_len, images=c.images, frames=c.frames, image_size=c.image_size,
+                        train_vision=not c.freeze_vision)
+    energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
+    return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
+                       r.peak_gpu_reserved_gib, run_id=record.key, label=f"{Path(c.model).stem} {c.seq_len} {c.label}")
+
+
+def to_run_set(records: list[RunRecord]) -> RunSet:
+    """Usable runs of `records`: failed ones counted by status, repeats of a key reduced to the latest."""
+    failed = Counter(r.result.status for r in records if r.result.status in FAILED)
+    latest: dict[str, RunRecord] = {}
+    ok = [r for r in records if r.result.status == "ok"]
+    for record in sorted(ok, key=lambda r: r.date):
+        latest[record.key] = record
+    runs, skipped = [], []
+    for record in latest.values():
+        try:
+            runs.append(to_measured_run(record))
+        except (ValueError, KeyError, TypeError) as exc:
+            skipped.append(f"{record.key} {record.candidate.label}: {exc}")
+    return RunSet(runs, dict(failed), skipped, len(ok) - len(latest))
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One run, measured and predicted (per optimizer step)."""
+
+    run: MeasuredRun
+    step_time_s: float
+    gpu_energy_j: float
+    allocated_gpu_mem_gib: float
+
+    def error(self, metric: str) -> float | None:
+        """(predicted - measured) / measured; None when not measured."""
+        measured = {"time": self.run.step_time_s, "energy": self.run.gpu_energy_j,
+                    "memory": self.run.peak_gpu_mem_gib}[metric]
+        predicted = {"time": self.step_time_s, "energy": self.gpu_energy_j, "memory": self.allocated_gpu_mem_gib}[metric]
+        if measured is None or not measured > 0 or not np.isfinite(predicted):
+            return None
+        return float((predicted - measured) / measured)
+
+
+def compare_as_is(runs: list[MeasuredRun], profile: HardwareProfile) -> list[Compared]:
+    """Predictions of `profile` as it is (in-sample if it was fitted to these runs)."""
+    p = RunEvaluator(runs)(profile)
+    return [Compared(r, float(p.step_time_s[i]), float(p.gpu_energy_j[i]), float(p.allocated_gpu_mem_gib[i]))
+            for i, r in enumerate(runs)]
+
+
+def compare_held_out(runs: list[MeasuredRun], profile: HardwareProfile, estimator: ProfileFit | None = None,
+                     full_fit: ProfileFit | None = None) -> list[Compared]:
+    """Each run predicted by a profile fitted to the others, starting from `profile`."""
+    held = leave_one_out(runs, profile, estimator=estimator, full_fit=full_fit)
+    return [Compared(h.run, h.step_time_s, h.gpu_energy_j, h.allocated_gpu_mem_gib) for h in held]
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    n: int
+    mape: float | None  # mean |relative error|
+    max_abs: float | None  # largest |relative error|
+    worst: str  # the run with the largest error
+    spearman: float | None  # rank correlation of predicted and measured (None under 3 runs)
+
+
+def error_stats(compared: list[Compared], metric: str) -> ErrorStats:
+    pairs = [(c, c.error(metric)) for c in compared]
+    pairs = [(c, e) for c, e in pairs if e is not None]
+    if not pairs:
+        return ErrorStats(0, None, None, "", None)
+    errors = np.array([e for _, e in pairs])
+    worst = int(np.argmax(np.abs(errors)))
+    rho = None
+    if len(pairs) >= 3:
+        meas = [{"time": c.run.step_time_s, "energy": c.run.gpu_energy_j, "memory": c.run.peak_gpu_mem_gib}[metric]
+                for c, _ in pairs]
+        pred = [m * (1 + e) for m, (_, e) in zip(meas, pairs)]
+        value = spearmanr(pred, meas).statistic
+        rho = None if not np.isfinite(value) else float(value)
+    return ErrorStats(len(pairs), float(np.mean(np.abs(errors))), float(np.abs(errors).max()),
+                      pairs[worst][0].run.label, rho)
+
+
+@dataclass(frozen=True)
+class FamilyRow:
+    family: str
+    n: int
+    time: ErrorStats
+    energy: ErrorStats
+    memory: ErrorStats
+
+
+@dataclass(frozen=True)
+class RankCheck:
+    """In one group of alternatives: the least-predicted-energy pick against the best measured."""
+
+    group: str
+    n: int
+    pick: str
+    best: str
+    regret: float  # measured energy per token of the pick / the least measured - 1
+    spearman: float | None  # of energy per token within the group
+
+
+def rank_checks(compared: list[Compared]) -> list[RankCheck]:
+    groups: dict[tuple, list[Compared]] = {}
+    for c in compared:
+        if c.run.gpu_energy_j is not None and np.isfinite(c.gpu_energy_j):
+            groups.setdefault(c.run.group, []).append(c)
+    out = []
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        meas = np.array([c.run.gpu_energy_j / c.run.tokens_per_step for c in members])
+        pred = np.array([c.gpu_energy_j / c.run.tokens_per_step for c in members])
+        pick, best = int(np.argmin(pred)), int(np.argmin(meas))
+        rho = float(spearmanr(pred, meas).statistic) if len(members) >= 3 else None
+        name = f"{key[0]} seq {key[1]} {key[6]} GPU" + (f" {key[3]}f" if key[3] else "") + (f" {key[2]}img" if key[2] else "")
+        out.append(RankCheck(name, len(members), members[pick].run.strategy.label(),
+                             members[best].run.strategy.label(), float(meas[pick] / meas[best] - 1),
+                             None if rho is None or not np.isfinite(rho) else rho))
+    return out
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float | None
+    limit: float
+    passed: bool | None  # None: nothing measured to check
+
+    @property
+    def verdict(self) -> str:
+        return {True: "PASS", False: "MISS", None: "n/a"}[self.passed]
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    mode: str  # "leave-one-out" or "as-is"
+    profile: str
+    families: list[FamilyRow]  # "all" first
+    ranks: list[RankCheck]
+    targets: list[Target]
+    compared: list[Compared] = field(repr=False)
+
+    def to_dict(self) -> dict:
+        def stats(s: ErrorStats) -> dict:
+            return {"n": s.n, "mape": s.mape, "max_abs_error": s.max_abs, "worst_run": s.worst, "spearman": s.spearman}
+
+        return {
+            "mode": self.mode, "profile": self.profile,
+            "families": [{"family": f.family, "n": f.n, "step_time": stats(f.time), "gpu_energy": stats(f.energy),
+                          "allocated_gpu_mem": stats(f.memory)} for f in self.families],
+            "ranking": [vars(r) for r in self.ranks],
+            "targets": [{"name": t.name, "value": t.value, "limit": t.limit, "verdict": t.verdict} for t in self.targets],
+            "runs": [{"run_id": c.run.run_id, "label": c.run.label, "family": c.run.family,
+                      "measured": {"step_time_s": c.run.step_time_s, "gpu_energy_j": c.run.gpu_energy_j,
+                                   "peak_gpu_mem_gib": c.run.peak_gpu_mem_gib},
+                      "predicted": {"step_time_s": c.step_time_s, "gpu_energy_j": c.gpu_energy_j,
+                                    "allocated_gpu_mem_gib": c.allocated_gpu_mem_gib}} for c in self.compared],
+        }
+
+
+def targets(overall: FamilyRow, ranks: list[RankCheck]) -> list[Target]:
+    """The project's accuracy targets (issue 4): MAPE <= 5%, worst < 15%, memory within 10%, pick within 3%."""
+    def check(name, value, limit, strict=False):
+        if value is None:
+            return Target(name, None, limit, None)
+        return Target(name, value, limit, value < limit if strict else value <= limit)
+
+    worst_regret = max((r.regret for r in ranks), default=None)
+    return [
+        check("step time MAPE", overall.time.mape, 0.05),
+        check("GPU energy MAPE", overall.energy.mape, 0.05),
+        check("worst step time error", overall.time.max_abs, 0.15, strict=True),
+        check("worst GPU energy error", overall.energy.max_abs, 0.15, strict=True),
+        check("worst allocated GPU memory error", overall.memory.max_abs, 0.10),
+        check("least-energy pick vs best measured (worst group)", worst_regret, 0.03),
+    ]
+
+
+def accuracy_report(compared: list[Compared], mode: str, profile: str) -> AccuracyReport:
+    by_family: dict[str, list[Compared]] = {}
+    for c in compared:
+        by_family.setdefault(c.run.family, []).append(c)
+
+    def row(name, members):
+        return FamilyRow(name, len(members), error_stats(members, "time"), error_stats(members, "energy"),
+                         error_stats(members, "memory"))
+
+    overall = row("all", compared)
+    rows = [overall] + [row(name, by_family[name]) for name in sorted(by_family)]
+    ranks = rank_checks(compared)
+    return AccuracyReport(mode, profile, rows, ranks, targets(overall, ranks), compared)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _rho(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def format_report(report: AccuracyReport) -> str:
+    """Plain-text tables: errors per family, the ranking groups, and the targets."""
+    head = (f"{'family':<22}{'n':>4}  {'time MAPE':>9} {'max':>7} {'rho':>5}  {'energy MAPE':>11} {'max':>7} "
+            f"{'rho':>5}  {'mem MAPE':>8} {'max':>7}")
+    lines = [f"Accuracy ({report.mode}) of {report.profile}", head, "-" * len(head)]
+    for f in report.families:
+        lines.append(f"{f.family:<22}{f.n:>4}  {_pct(f.time.mape):>9} {_pct(f.time.max_abs):>7} {_rho(f.time.spearman):>5}"
+                     f"  {_pct(f.energy.mape):>11} {_pct(f.energy.max_abs):>7} {_rho(f.energy.spearman):>5}"
+                     f"  {_pct(f.memory.mape):>8} {_pct(f.memory.max_abs):>7}")
+    overall = report.families[0]
+    for metric, stats in (("time", overall.time), ("energy", overall.energy), ("memory", overall.memory)):
+        if stats.worst:
+            lines.append(f"worst {metric}: {stats.worst}")
+    if report.ranks:
+        lines += ["", "Least predicted energy per token in each group of alternatives:"]
+        for r in report.ranks:
+            lines.append(f"  {r.group} ({r.n} runs): pick {r.pick}; best measured {r.best}; "
+                         f"regret {_pct(r.regret)}; rho {_rho(r.spearman)}")
+    lines += ["", "Targets:"]
+    for t in report.targets:
+        lines.append(f"  {t.verdict:<4} {t.name}: {_pct(t.value)} (target {'<' if 'worst' in t.name and 'memory' not in t.name and 'pick' not in t.name else '<='} {_pct(t.limit)})")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Synthetic measured runs: predictions of a profile whose constants we set, with noise.
+
+The strategies are those of the shipped H200 sweep files (data/sweeps/h200-x*.jsonl), so the
+fit sees the same mix of families, sizes and GPU counts it will see on real runs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from models.architecture import load_architecture
+from models.fit import MeasuredRun, RunEvaluator, with_values
+from models.profile import HardwareProfile, load_profile
+from models.strategy import Strategy
+from models.workload import Workload
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEPS = (REPO / "data/sweeps/h200-x1.jsonl", REPO / "data/sweeps/h200-x2.jsonl")
+
+# The "true" constants of the synthetic machine; the base profile (gh200) starts elsewhere.
+TRUE_VALUES = {
+    "overheads.compute_efficiency": 0.85,
+    "overheads.comm_efficiency": 0.7,
+    "overheads.step": 0.08,
+    "overheads.micro_step": 0.015,
+    "overheads.zero3_module_pass": 3e-4,
+    "overheads.offload_step_per_gparam": 0.6,
+    "overlap.compute_slowdown_with_collective": 0.25,
+    "power.gpu.compute": 640.0,
+    "power.gpu.wait": 150.0,
+    "power.gpu.collective": 380.0,
+    "power.gpu.memory_bound": 520.0,
+}
+
+
+def base_profile() -> HardwareProfile:
+    """gh200 with a GPU-only meter, so GPU energy is GPU power alone (as on H200)."""
+    p = load_profile("gh200")
+    return p.model_copy(update={"power": p.power.model_copy(update={"nvml_scope": "gpu"})})
+
+
+def true_profile(values: dict[str, float] = TRUE_VALUES) -> HardwareProfile:
+    return with_values(base_profile(), values)
+
+
+def sweep_specs() -> list[dict]:
+    return [json.loads(line) for path in SWEEPS for line in path.read_text().splitlines() if line.strip()]
+
+
+def _workload(spec: dict) -> Workload:
+    model = spec["model"]
+    model = str(REPO / model) if model.endswith(".json") else model
+    return Workload(load_architecture(model), spec["seq"], images=spec.get("images", 0), frames=spec.get("frames", 0),
+                    train_vision=not spec.get("freeze_vision", False))
+
+
+def synthetic_runs(profile: HardwareProfile | None = None, noise: float = 0.01, seed: int = 0,
+                   specs: list[dict] | None = None) -> list[MeasuredRun]:
+    """One run per sweep line, measured as `profile` predicts it times lognormal noise."""
+    profile = profile or true_profile()
+    specs = specs if specs is not None else sweep_specs()
+    rng = np.random.default_rng(seed)
+    skeleton = [MeasuredRun(_workload(s), Strategy(**s["strategy"]), 1.0, 1.0, 1.0, run_id=f"syn{i}",
+                            label=s.get("label", "")) for i, s in enumerate(specs)]
+    pred = RunEvaluator(skeleton)(profile)
+    n = len(skeleton)
+    t = pred.step_time_s * np.exp(noise * rng.standard_normal(n))
+    e = pred.gpu_energy_j * np.exp(noise * rng.standard_normal(n))
+    m = pred.allocated_gpu_mem_gib * np.exp(noise * rng.standard_normal(n))
+    return [MeasuredRun(r.workload, r.strategy, float(t[i]), float(e[i]), float(m[i]), float(m[i] * 1.12),
+                        run_id=r.run_id, label=r.label) for i, r in enumerate(skeleton)]

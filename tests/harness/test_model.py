@@ -1,0 +1,147 @@
+"""The validation model: shapes and parameter counts agree with what the cost model counts,
+attention is causal GQA, checkpointing wraps the blocks it says, the vision path lands where
+the data says, and a frozen encoder gets no gradients."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from calibration.harness.data import make_batch, vision_group_starts
+from calibration.harness.model import Checkpointing, CoreAttention, Transformer
+from models.architecture import architecture_from_config, load_architecture
+from models.params import count_params
+from models.workload import Workload
+from harness_helpers import TINY, TINY_VL
+
+torch.manual_seed(0)
+
+
+def tiny(vision: bool = False, **over):
+    cfg = dict(TINY_VL if vision else TINY)
+    cfg.update(over)
+    return architecture_from_config(cfg, name="tiny")
+
+
+def n_params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_text_parameters_equal_the_cost_models_count(tied):
+    arch = tiny(tie_word_embeddings=tied)
+    assert n_params(Transformer(arch)) == arch.llm_params
+
+
+def test_real_preset_parameter_count_on_the_meta_device():
+    arch = load_architecture("qwen2.5-1.5b")
+    with torch.device("meta"):
+        model = Transformer(arch)
+    assert n_params(model) == arch.llm_params  # about 1.54e9, tied embeddings counted once
+
+
+def test_vision_parameters_match_the_cost_model_up_to_biases():
+    arch = load_architecture("qwen2.5-vl-7b")
+    with torch.device("meta"):
+        tower = Transformer(arch).vision
+    counts = count_params(Workload(arch, 8192, frames=8))
+    encoder = sum(p.numel() for p in tower.encoder_parameters())
+    projector = n_params(tower.projector)
+    # The cost model ignores biases and the position embedding: under 1% of the encoder.
+    assert counts.vision_encoder <= encoder < 1.01 * counts.vision_encoder
+    assert counts.projector <= projector < 1.001 * counts.projector
+
+
+def test_loss_at_initialisation_is_that_of_a_uniform_guess():
+    arch = tiny()
+    model = Transformer(arch)
+    tokens = torch.randint(0, arch.vocab_size, (2, 32))
+    loss = model(tokens, torch.randint(0, arch.vocab_size, (2, 32)))
+    assert abs(loss.item() - math.log(arch.vocab_size)) < 0.5
+
+
+def test_core_attention_is_causal_gqa():
+    q, k, v = torch.randn(1, 6, 4, 8), torch.randn(1, 6, 2, 8), torch.randn(1, 6, 2, 8)
+    out = CoreAttention(causal=True)(q, k, v)
+    # Reference: repeat each KV head for its two query heads, mask the future.
+    kr, vr = k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, kr) / math.sqrt(8)
+    scores = scores.masked_fill(torch.triu(torch.ones(6, 6, dtype=torch.bool), 1), float("-inf"))
+    ref = torch.einsum("bhqk,bkhd->bqhd", F.softmax(scores, dim=-1), vr)
+    assert torch.allclose(out, ref, atol=1e-5)
+    # Changing a later position leaves earlier outputs alone.
+    k2 = k.clone()
+    k2[:, 5] += 1
+    assert torch.allclose(CoreAttention(causal=True)(q, k2, v)[:, :5], out[:, :5], atol=1e-6)
+
+
+@pytest.mark.parametrize("every, wrapped", [(0, []), (1, [0, 1, 2, 3]), (2, [0, 2]), (3, [0, 3])])
+def test_checkpointing_wraps_every_kth_block_and_keeps_gradients(every, wrapped):
+    arch = tiny(num_hidden_layers=4)
+    calls = []
+
+    def fn(block, *args):
+        calls.append(block)
+        return torch_checkpoint(block, *args, use_reentrant=False)
+
+    torch.manual_seed(1)
+    plain = Transformer(arch)
+    torch.manual_seed(1)
+    ckpt = Transformer(arch, checkpointing=Checkpointing(every, fn))
+    tokens, targets = torch.randint(0, 512, (1, 16)), torch.randint(0, 512, (1, 16))
+    plain(tokens, targets).backward()
+    ckpt(tokens, targets).backward()
+    assert [list(ckpt.layers).index(b) for b in calls] == wrapped
+    for a, b in zip(plain.parameters(), ckpt.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)
+
+
+def test_vision_tokens_replace_the_embeddings_where_the_batch_says():
+    arch = tiny(vision=True)
+    workload = Workload(arch, 64, frames=4)  # 2 groups x 4 tokens
+    batch = make_batch(workload, micro_batch=2, sp=1, sp_rank=0, dp_rank=0, device=torch.device("cpu"),
+                       dtype=torch.float32)
+    starts = vision_group_starts(workload)
+    assert starts == [0, 32]
+    expected = [b * 64 + s + t for b in range(2) for s in starts for t in range(4)]
+    assert batch.vision_positions.tolist() == expected
+    assert batch.pixels.shape == (4, 2, 3, 16, 16)
+
+    model = Transformer(arch)
+    seen = {}
+    model.layers[0].register_forward_pre_hook(lambda m, args: seen.update(x=args[0].detach()))
+    model(**batch.as_kwargs())
+    with torch.no_grad():
+        vision = model.vision(batch.pixels).reshape(-1, arch.hidden_size)
+        text = model.embed_tokens(batch.tokens).reshape(-1, arch.hidden_size)
+    x = seen["x"].reshape(-1, arch.hidden_size)
+    assert torch.allclose(x[batch.vision_positions], vision[batch.vision_keep])
+    others = [i for i in range(128) if i not in set(expected)]
+    assert torch.allclose(x[others], text[others])
+
+
+def test_sequence_shards_split_the_vision_groups_between_ranks():
+    arch = tiny(vision=True)
+    workload = Workload(arch, 64, frames=6)  # 3 groups at 0, 21, 42; shards [0, 32) and [32, 64)
+    full = make_batch(workload, 1, 1, 0, 0, torch.device("cpu"), torch.float32)
+    halves = [make_batch(workload, 1, 2, r, 0, torch.device("cpu"), torch.float32) for r in (0, 1)]
+    assert [h.vision_groups for h in halves] == [2, 1]
+    assert [h.position_offset for h in halves] == [0, 32]
+    rebuilt = torch.cat([h.vision_positions + h.position_offset for h in halves])
+    assert rebuilt.tolist() == full.vision_positions.tolist()
+    assert torch.equal(torch.cat([h.tokens for h in halves], dim=1), full.tokens)
+    # Ranks sharing a sample draw the same pixels for the groups they both touch.
+    assert torch.equal(halves[1].pixels[0], full.pixels[2])
+
+
+def test_frozen_encoder_gets_no_gradient_but_the_projector_does():
+    arch = tiny(vision=True)
+    model = Transformer(arch)
+    model.freeze_vision_encoder()
+    batch = make_batch(Workload(arch, 64, frames=4), 1, 1, 0, 0, torch.device("cpu"), torch.float32)
+    model(**batch.as_kwargs()).backward()
+    assert all(p.grad is None for p in model.vision.encoder_parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.vision.projector.parameters())
