@@ -144,7 +144,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
     """Predict one optimizer step of one strategy: time, energy (GPU and CPU), memory."""
     from dataclasses import asdict
 
-    from advisor.ds_config import DsSettings, gpus_from_batch, load_ds_config
+    from advisor.ds_config import DsSettings, gpus_from_batch, load_ds_config, with_defaults
     from models.predict import predict as predict_one
     from models.strategy import Strategy, static_reasons
 
@@ -160,7 +160,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
         fields["cpu_checkpointing"] = fields.get("cpu_checkpointing", False) and checkpointing == "full"
     if offload_optimizer == "none":  # an explicit "none" also drops the config's ratio / SuperOffload
         fields.update(offload_ratio=1.0, super_offload=False)
-    fields.setdefault("overlap_comm", fields.get("zero_stage", 0) == 3)  # DeepSpeed's default
+    fields = with_defaults(fields)
     gpus = gpus or gpus_from_batch(settings, settings.fields.get("sp", 1)) or per_node
     check_whole_nodes(gpus, per_node)
     ga_config = fields.pop("grad_accum", None)
@@ -214,6 +214,8 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     the pick, its DeepSpeed config and launch line."""
     from advisor.recommend import recommend_run
 
+    if method == "exhaustive" and storage:
+        raise InputError("--storage holds Optuna studies; --search exhaustive keeps nothing to resume")
     slowdown = parse_fraction(slowdown_text)
     tokens = parse_count(tokens_text, "--tokens")
     if plot_path and not plot_path.lower().endswith(".png"):

@@ -63,7 +63,8 @@ def to_ds_config(strategy: Strategy, arch: Architecture) -> dict:
         "gradient_accumulation_steps": s.grad_accum,
         "bf16": {"enabled": True},
         "optimizer": json.loads(json.dumps(OPTIMIZER)),
-        "gradient_clipping": 1.0,
+        # DeepSpeed 0.19 overlaps SuperOffload's CPU step with backward only without clipping.
+        "gradient_clipping": 0.0 if s.super_offload else 1.0,
         "zero_optimization": zero,
         "sequence_parallel_size": s.sp,
         "steps_per_print": 10,
@@ -142,8 +143,9 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
         out["super_offload"] = _get(opt, "super_offload", bool, f"{origin} offload_optimizer", False)
     param = _section(zero, "offload_param", f"{origin} zero_optimization")
     out["offload_param"] = _device(param, "zero_optimization.offload_param", origin)
-    # DeepSpeed's default: overlap_comm is on only for ZeRO-3.
-    out["overlap_comm"] = _get(zero, "overlap_comm", bool, f"{origin} zero_optimization", stage == 3)
+    overlap = _get(zero, "overlap_comm", bool, f"{origin} zero_optimization")
+    if overlap is not None:  # absent: DeepSpeed's default for the final stage (see with_defaults)
+        out["overlap_comm"] = overlap
     for key, name in (("reduce_bucket_size", "reduce_bucket_size"), ("allgather_bucket_size", "allgather_bucket_size"),
                       ("stage3_prefetch_bucket_size", "prefetch_bucket_size")):
         value = _get(zero, key, int, f"{origin} zero_optimization")
@@ -208,6 +210,12 @@ def gpus_from_batch(settings: DsSettings, sp: int) -> int | None:
     return tbs // (mb * ga) * sp
 
 
+def with_defaults(fields: dict) -> dict:
+    """DeepSpeed's defaults for what a config leaves out: overlap_comm is on only for ZeRO-3."""
+    return {"overlap_comm": fields.get("zero_stage", 0) == 3, **fields}
+
+
 def strategy_from_ds_config(settings: DsSettings, gpus: int, gpus_per_node: int, base: Strategy | None = None) -> Strategy:
-    """The strategy a config describes on `gpus` GPUs; fields it omits come from `base`."""
-    return replace(base or Strategy(), gpus=gpus, gpus_per_node=gpus_per_node, **settings.fields)
+    """The strategy a config describes on `gpus` GPUs; fields it omits come from `base`,
+    then from DeepSpeed's defaults."""
+    return replace(base or Strategy(), gpus=gpus, gpus_per_node=gpus_per_node, **with_defaults(settings.fields))

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from advisor.space import Space
+from advisor.storage import MirroredStudy
 from models.architecture import Architecture
 from models.strategy import Strategy, StrategyBatch
 
@@ -215,21 +216,21 @@ def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_
                   polish: float = 0.5, progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Multi-objective (run time, run energy) Optuna study, asked and told in batches so each
     batch is one vectorised prediction. With `storage` the study resumes (SQLite) or is
-    shared between workers (PostgreSQL); the front covers every trial the study holds.
+    shared between workers (PostgreSQL), mirrored batch by batch (advisor.storage); the
+    front covers every trial the study holds.
 
-    The last `polish` share of the trials goes to points one parameter away from the front,
-    near the pick first (enqueued with `study.enqueue_trial`): the sampler finds the region,
-    the neighbours settle the exact point."""
+    The last `polish` share of the trials goes to points one or two parameters away from the
+    front, near the pick first (enqueued with `study.enqueue_trial`): the sampler finds the
+    region, the neighbours settle the exact point."""
     import optuna
     from optuna.distributions import CategoricalDistribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=study_name(problem), storage=storage, load_if_exists=True, directions=["minimize", "minimize"],
-        sampler=_sampler(sampler, seed, batch),
-    )
+    mirror = MirroredStudy(study_name(problem), storage, _sampler(sampler, seed, batch), ["minimize", "minimize"])
+    study = mirror.local
     dists = {k: CategoricalDistribution(list(v)) for k, v in problem.space.choices().items()}
     seen = _seen_points(study)
+    notes = [f"resumed study '{study.study_name}' holding {len(seen)} distinct strategies"] if seen else []
     explore = trials - int(trials * polish)
     done = 0
     while done < trials:
@@ -237,14 +238,18 @@ def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_
         if done >= explore:
             _enqueue_neighbours(study, problem.space, seen, objective, max_slowdown, n)
         asked = [study.ask(dists) for _ in range(n)]
-        _tell(problem, study, asked, seen)
+        _tell(problem, mirror, asked, seen)
+        if mirror.sync():
+            seen = _seen_points(study)  # other workers' trials came in
         done += n
         if progress:
             progress(done, trials)
-    return _result_from_study(problem, study, objective, max_slowdown, done)
+    result = _result_from_study(problem, study, objective, max_slowdown, done)
+    result.notes.extend(notes)
+    return result
 
 
-def _tell(problem: Problem, study, asked: list, seen: dict) -> None:
+def _tell(problem: Problem, study: MirroredStudy, asked: list, seen: dict) -> None:
     """Predict the asked trials at once; set their constraints and metrics; tell the values."""
     strategies = [problem.space.strategy(t.params) for t in asked]
     pred, static = _evaluate(problem, strategies)
@@ -321,8 +326,7 @@ def _params_key(params: dict) -> str:
 
 
 def _result_from_study(problem: Problem, study, objective: str, max_slowdown: float, evaluations: int) -> SearchResult:
-    """Candidates from every completed trial (one per distinct point); the front is Optuna's
-    `best_trials`, which holds feasible trials only."""
+    """Candidates from every completed trial (one per distinct point) and their front."""
     from optuna.trial import TrialState
 
     index: dict[str, int] = {}
@@ -338,11 +342,10 @@ def _result_from_study(problem: Problem, study, objective: str, max_slowdown: fl
         violation.append(sum(max(v, 0.0) for v in t.constraints.values()))
     metrics = {m: np.array([r[m] for r in rows], dtype=float) for m in METRICS}
     cands = _candidates(problem, strategies, metrics, feasible, violation)
-    front = sorted({index[_params_key(t.params)] for t in study.best_trials if _params_key(t.params) in index},
-                   key=lambda i: (cands.run_time_s[i], cands.run_energy_j[i]))
-    # Identical values from different trials collapse to one point of the front.
-    unique = set(pareto_front(cands.run_time_s, cands.run_energy_j, cands.feasible))
-    front = [i for i in front if i in unique] or front
+    # The front by Optuna's definition (`study.best_trials`: non-dominated among feasible
+    # trials), computed here without the deep copy of every trial that property makes;
+    # test_search checks the two agree. Identical points appear once.
+    front = pareto_front(cands.run_time_s, cands.run_energy_j, cands.feasible)
     if not front:
         raise closest_miss(problem, cands, f"{len(cands)} distinct strategies in {evaluations} Optuna trials;"
                                             " try --search exhaustive or more --trials")

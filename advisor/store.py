@@ -148,10 +148,12 @@ class RunStore:
             json.dumps(record.to_dict(), sort_keys=True),
         )
 
-    _INSERT = """INSERT OR IGNORE INTO runs (key, date, status, reason, model, seq_len, gpus, workload_json,
+    # Only a (key, date) duplicate is skipped; other constraint failures roll the batch back.
+    _INSERT = """INSERT INTO runs (key, date, status, reason, model, seq_len, gpus, workload_json,
         strategy_json, ds_config_json, profile, machine_json, step_time_s, gpu_energy_j, cpu_energy_j,
         cpu_energy_estimated, peak_gpu_mem_gib, peak_host_mem_gib, prediction_json, record_json)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (key, date) DO NOTHING"""
 
     def add_run(self, record: RunRecord) -> bool:
         """Store one run; False if this exact record (key and date) is already there."""

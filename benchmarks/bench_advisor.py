@@ -62,13 +62,13 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def recommend_wall_s(repeats: int) -> list[float]:
+def recommend_wall_s(repeats: int, *extra: str) -> list[float]:
     exe = shutil.which("advisor")
     cmd = [exe] if exe else [sys.executable, "-m", "advisor.cli"]
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        subprocess.run(cmd + ["recommend", "--model", "7B", "--seq", "32k"], check=True, capture_output=True)
+        subprocess.run(cmd + ["recommend", "--model", "7B", "--seq", "32k", *extra], check=True, capture_output=True)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -102,9 +102,12 @@ def main() -> None:
     args = parser.parse_args()
     profile = load_profile("gh200")
     out = Console()
+    out = out if out.is_terminal else Console(width=160)
 
     n, rate = throughput(profile)
     walls = recommend_wall_s(args.repeats)
+    range_walls = recommend_wall_s(args.repeats, "--gpus", "4-64")
+    exhaustive_walls = recommend_wall_s(args.repeats, "--search", "exhaustive")
     table = Table(title=f"advisor benchmark (profile {profile.describe()})", title_justify="left")
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -112,6 +115,8 @@ def main() -> None:
     table.add_row(f"predict_batch over {n:,} strategies (7B 32k, 4-64 GPUs)", f"{rate:,.0f} strategies/s", ">= 100,000/s")
     table.add_row(f"`advisor recommend --model 7B --seq 32k` wall, median of {len(walls)}",
                   f"{statistics.median(walls):.2f} s (min {min(walls):.2f})", "<= 3 s")
+    table.add_row("  the same with --gpus 4-64 (1200 trials)", f"{statistics.median(range_walls):.2f} s", "")
+    table.add_row("  the same with --search exhaustive", f"{statistics.median(exhaustive_walls):.2f} s", "")
     out.print(table)
 
     gap_table = Table(title=f"Optuna at the default budget ({args.seeds} seeds) vs exhaustive: least energy within "

@@ -81,7 +81,8 @@ def _setup_distributed() -> tuple[int, int, int, int, str, torch.device]:
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
+                                device_id=device if cuda else None)
     return rank, world, local_rank, local_world, backend, device
 
 

@@ -104,7 +104,8 @@ def busy_or_hot(states: list[GpuState], own_pids: set[int] = frozenset()) -> lis
         if others:
             out.append(f"{tag} runs other compute processes (pids {', '.join(map(str, others))}): "
                        "timings and power will be shared")
-        if s.memory_used_bytes is not None and s.memory_used_bytes >= BUSY_MEMORY_BYTES:
+        if s.process_pids is None and s.memory_used_bytes is not None and s.memory_used_bytes >= BUSY_MEMORY_BYTES:
+            # Only when NVML cannot list processes: otherwise this run's own contexts would count.
             out.append(f"{tag} has {s.memory_used_bytes / 2**30:.1f} GiB in use")
         if s.temperature_c is not None and s.temperature_c >= HOT_TEMPERATURE_C:
             out.append(f"{tag} is at {s.temperature_c:.0f} C: idle power will read high; let it cool first")

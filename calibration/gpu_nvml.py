@@ -41,7 +41,8 @@ class GpuState:
     utilization_pct: float | None
     memory_used_bytes: int | None
     memory_total_bytes: int | None
-    process_pids: tuple[int, ...] | None
+    process_pids: tuple[int, ...] | None  # compute processes on the GPU; None if NVML cannot say
+    process_memory_bytes: tuple[int | None, ...] | None  # their memory, in the same order
 
 
 class NvmlGpuMeter:
@@ -144,9 +145,11 @@ class NvmlGpuMeter:
         except nv.NVMLError:
             mem_used = mem_total = None
         try:
-            procs = tuple(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(h))
+            running = nv.nvmlDeviceGetComputeRunningProcesses(h)
+            procs = tuple(int(p.pid) for p in running)
+            proc_mem = tuple(getattr(p, "usedGpuMemory", None) for p in running)
         except nv.NVMLError:
-            procs = None
+            procs = proc_mem = None
         return GpuState(
             nvml_index=i,
             name=_text(nv.nvmlDeviceGetName(h)),
@@ -158,6 +161,7 @@ class NvmlGpuMeter:
             memory_used_bytes=mem_used,
             memory_total_bytes=mem_total,
             process_pids=procs,
+            process_memory_bytes=proc_mem,
         )
 
     def power_w(self, i: int) -> float:

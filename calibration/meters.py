@@ -50,7 +50,7 @@ class NullGpuMeter:
 
     def read_j(self, indices: list[int]) -> None:
         _warn_once(
-            f"GPU energy is not measured: {self.reason}. Fix: `pip install nvidia-ml-py` on a machine with "
+            f"GPU energy is not measured ({self.reason}). Fix: `pip install nvidia-ml-py` on a machine with "
             "an NVIDIA driver (nvidia-smi must work)."
         )
         return None
@@ -66,7 +66,7 @@ class NullCpuMeter:
 
     def read_j(self) -> None:
         _warn_once(
-            f"Host CPU energy is not measured: {self.reason}. Fix: on x86 make "
+            f"Host CPU energy is not measured ({self.reason}). Fix: on x86 make "
             "/sys/class/powercap/intel-rapl:*/energy_uj readable (run as root); on Grace load the "
             "acpi_power_meter driver. Otherwise CPU energy is estimated and marked as such."
         )

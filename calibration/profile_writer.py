@@ -30,6 +30,13 @@ def _q(value: float, unit: str, source: str) -> dict:
     return {"value": float(value), "unit": unit, "source": source}
 
 
+def _relabel(node: dict, prefix: str) -> dict:
+    """Copy of a quantity or curve (or a group of them) with `prefix` before every source."""
+    if "source" in node:
+        return dict(node, source=prefix + node["source"])
+    return {k: _relabel(v, prefix) if isinstance(v, dict) else v for k, v in node.items()}
+
+
 def _span(values, unit="B") -> str:
     lo, hi = min(values), max(values)
     fmt = (lambda v: f"{v / 2**20:g} MiB" if v >= 2**20 else f"{v / 2**10:g} KiB") if unit == "B" else str
@@ -69,9 +76,7 @@ class ProfileBuilder:
         node = self.ref.model_dump()
         for part in path.split("."):
             node = node[part]
-        node = dict(node)
-        node["source"] = f"from profile '{self.ref.name}' ({why}): {node['source']}"
-        return node
+        return _relabel(node, f"from profile '{self.ref.name}' ({why}): ")
 
     def _curve(self, rows, xk, yk, x_unit, y_unit, what) -> dict | None:
         if not rows:

@@ -71,8 +71,9 @@ def install_command(out_dir: Path) -> str:
     return f"pip install --no-index --find-links {out_dir} energy-advisor deepspeed nvidia-ml-py"
 
 
-def run_plan(steps: list[Step], runner=subprocess.run, echo=print) -> None:
+def run_plan(steps: list[Step], runner=None, echo=print) -> None:
     """Run each step, stopping at the first failure (CalledProcessError names the command)."""
+    runner = runner or subprocess.run
     for step in steps:
         echo(f"{step.description}:\n  {' '.join(step.argv)}")
         runner(list(step.argv), env={**os.environ, **step.env}, check=True)

@@ -16,6 +16,7 @@ is the number of record.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 from datetime import datetime, timezone
 
 import numpy as np
@@ -182,7 +183,7 @@ class ProfileFit:
     """
 
     def __init__(self, parameters: tuple[FitParameter, ...] | None = None, prior_strength: float = 1e-3,
-                 loss: str = "soft_l1", f_scale: float = 0.1, max_nfev: int | None = None,
+                 loss: str = "soft_l1", f_scale: float = 0.1, max_nfev: int | None = None, tol: float = 1e-8,
                  min_effect: float = 1e-3, uninformed: str = "keep", fit_fragmentation: bool = True,
                  data_note: str = ""):
         self.parameters = parameters
@@ -190,44 +191,65 @@ class ProfileFit:
         self.loss = loss
         self.f_scale = f_scale
         self.max_nfev = max_nfev
+        self.tol = tol
         self.min_effect = min_effect
         self.uninformed = uninformed
         self.fit_fragmentation = fit_fragmentation
         self.data_note = data_note
 
     def get_params(self) -> dict:
-        return {k: getattr(self, k) for k in ("parameters", "prior_strength", "loss", "f_scale", "max_nfev",
+        return {k: getattr(self, k) for k in ("parameters", "prior_strength", "loss", "f_scale", "max_nfev", "tol",
                                               "min_effect", "uninformed", "fit_fragmentation", "data_note")}
 
-    def fit(self, runs: list[MeasuredRun], base_profile: HardwareProfile,
-            warm_start: dict[str, float] | None = None) -> "ProfileFit":
-        """Fit to `runs`, starting from `base_profile` (also the prior's centre); `warm_start`
-        only moves the optimizer's starting point (e.g. a full fit's values for leave-one-out)."""
+    @staticmethod
+    def _residual_functions(runs: list[MeasuredRun]) -> dict[str, tuple[np.ndarray, Callable]]:
+        """For "time" and "energy": (which runs have that measurement, residuals(profile) over them)."""
+        evaluate = RunEvaluator(runs)
+        measured_t = np.array([r.step_time_s for r in runs], dtype=float)
+        has_e = np.array([r.gpu_energy_j is not None and r.gpu_energy_j > 0 for r in runs])
+        measured_e = np.array([r.gpu_energy_j if h else 1.0 for r, h in zip(runs, has_e)], dtype=float)
+        return {
+            "time": (np.ones(len(runs), dtype=bool), lambda p: log_ratio(evaluate(p).step_time_s, measured_t)),
+            "energy": (has_e, lambda p: log_ratio(evaluate(p).gpu_energy_j[has_e], measured_e[has_e])),
+        }
+
+    def effects(self, runs: list[MeasuredRun], profile: HardwareProfile) -> dict[str, np.ndarray]:
+        """|change of each run's log residual| when each constant moves by its prior width, at
+        `profile`'s values (0 for runs without that measurement). A constant no run responds to
+        is not informed by the runs."""
+        params = self.parameters or default_parameters(profile)
+        out = {}
+        for kind, (mask, residuals) in self._residual_functions(runs).items():
+            stage = [p for p in params if p.kind == kind]
+            if not stage or not mask.any():
+                out.update({p.name: np.zeros(len(runs)) for p in stage})
+                continue
+            x0 = np.array([get_value(profile, p.name) for p in stage])
+            rows = _probe(stage, x0, lambda x: with_values(profile, {p.name: v for p, v in zip(stage, x)}), residuals)
+            for j, p in enumerate(stage):
+                out[p.name] = np.zeros(len(runs))
+                out[p.name][mask] = rows[:, j]
+        return out
+
+    def fit(self, runs: list[MeasuredRun], base_profile: HardwareProfile, warm_start: dict[str, float] | None = None,
+            informed: set[str] | None = None) -> "ProfileFit":
+        """Fit to `runs`, starting from `base_profile` (also the prior's centre). `warm_start` only
+        moves the optimizer's starting point (a full fit's values, for leave-one-out); `informed`
+        names the constants the runs inform, when already known (else each is probed)."""
         if not runs:
             raise ValueError("no measured runs to fit")
         assert self.uninformed in ("keep", "fit"), self.uninformed
         params = self.parameters or default_parameters(base_profile)
-        evaluate = RunEvaluator(runs)
         start = {p.name: get_value(base_profile, p.name) for p in params}
         values, fitted = dict(start), {}
-        measured_t = np.array([r.step_time_s for r in runs], dtype=float)
-        has_e = np.array([r.gpu_energy_j is not None and r.gpu_energy_j > 0 for r in runs])
-        measured_e = np.array([r.gpu_energy_j if h else 1.0 for r, h in zip(runs, has_e)], dtype=float)
         self.nfev_ = 0
-
-        def time_residuals(profile):
-            return log_ratio(evaluate(profile).step_time_s, measured_t)
-
-        def energy_residuals(profile):
-            return log_ratio(evaluate(profile).gpu_energy_j[has_e], measured_e[has_e])
-
-        for kind, residuals in (("time", time_residuals), ("energy", energy_residuals)):
+        for kind, (mask, residuals) in self._residual_functions(runs).items():
             stage = [p for p in params if p.kind == kind]
-            if not stage or (kind == "energy" and not has_e.any()):
+            if not stage or not mask.any():
                 fitted.update({p.name: FittedParameter(p.name, kind, start[p.name], start[p.name], None, False)
                                for p in stage})
                 continue
-            fitted.update(self._fit_stage(stage, values, base_profile, residuals, start, warm_start or {}))
+            fitted.update(self._fit_stage(stage, values, base_profile, residuals, start, warm_start or {}, informed))
             values.update({name: f.value for name, f in fitted.items()})
 
         self.fragmentation_ = self._fragmentation(runs) if self.fit_fragmentation else None
@@ -238,7 +260,7 @@ class ProfileFit:
         self.profile_ = self._fitted_profile(base_profile, runs)
         return self
 
-    def _fit_stage(self, stage, values, base, residuals, start, warm) -> dict[str, FittedParameter]:
+    def _fit_stage(self, stage, values, base, residuals, start, warm, known_informed) -> dict[str, FittedParameter]:
         lower = np.array([p.lower for p in stage])
         upper = np.array([p.upper for p in stage])
         scale = np.array([p.scale for p in stage])
@@ -266,8 +288,8 @@ class ProfileFit:
                 return np.concatenate([residuals(profile_at(x)), prior_w * (z - centre[idx]) / scale[idx]])
 
             result = least_squares(full, x0[idx], bounds=(lower[idx], upper[idx]), x_scale=scale[idx],
-                                   method="trf", loss=self.loss, f_scale=self.f_scale,
-                                   max_nfev=self.max_nfev, diff_step=1e-4)
+                                   method="trf", loss=self.loss, f_scale=self.f_scale, max_nfev=self.max_nfev,
+                                   diff_step=1e-4, ftol=self.tol, xtol=self.tol, gtol=self.tol)
             self.nfev_ += int(result.nfev) + int(result.njev or 0) * len(idx)
             x_final[idx] = result.x
             std[idx] = _standard_errors(result.jac, result.fun, n_data=len(result.fun) - len(idx))
@@ -320,6 +342,20 @@ def getattr_path(profile: HardwareProfile, name: str):
     return node
 
 
+def _probe(stage: list[FitParameter], x0: np.ndarray, profile_at: Callable, residuals: Callable) -> np.ndarray:
+    """|residual change| per run (rows) when each constant (columns) moves by its prior width.
+
+    A finite step rather than a derivative, so a constant that only matters past a regime change
+    (contention, once communication outlasts compute) is still seen."""
+    r0 = residuals(profile_at(x0))
+    out = np.zeros((len(r0), len(stage)))
+    for j, p in enumerate(stage):
+        x = x0.copy()
+        x[j] = np.clip(x[j] + p.scale if x[j] + p.scale <= p.upper else x[j] - p.scale, p.lower, p.upper)
+        out[:, j] = np.abs(residuals(profile_at(x)) - r0)
+    return out
+
+
 def _standard_errors(jac: np.ndarray, fun: np.ndarray, n_data: int) -> np.ndarray:
     """Gauss-Newton standard errors: sqrt(diag((J^T J)^-1) * residual variance)."""
     dof = max(n_data - jac.shape[1], 1)
@@ -340,25 +376,33 @@ class HeldOutPrediction:
 
 
 def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit | None = None,
-                  full_fit: ProfileFit | None = None, max_nfev: int | None = 50) -> list[HeldOutPrediction]:
+                  full_fit: ProfileFit | None = None, max_nfev: int | None = 30, tol: float = 1e-5
+                  ) -> list[HeldOutPrediction]:
     """Refit without each run in turn and predict it: the honest estimate of error on new runs.
 
     Each refit starts the optimizer from the full fit's values (the prior stays centred on
-    `base_profile`, so nothing of the held-out run leaks in) and stops after `max_nfev`
-    evaluations, which a warm start rarely needs."""
+    `base_profile`, so nothing of the held-out run leaks in), stops at a looser tolerance and
+    after `max_nfev` evaluations, which a warm start rarely needs. Which constants a fold's runs
+    inform comes from one probe of all runs at the full fit's values, less the held-out run: a
+    family measured once is predicted, when held out, with the constants it alone informed at
+    their starting values."""
     settings = (estimator or ProfileFit()).get_params()
-    if max_nfev is not None:
-        settings["max_nfev"] = max_nfev
     if full_fit is None:
-        full_fit = ProfileFit(**(estimator or ProfileFit()).get_params()).fit(runs, base_profile)
+        full_fit = ProfileFit(**settings).fit(runs, base_profile)
+    settings.update(max_nfev=max_nfev, tol=tol)
+    fold_model = ProfileFit(**settings)
     warm = {name: f.value for name, f in full_fit.parameters_.items()}
+    effects = fold_model.effects(runs, with_values(base_profile, warm))
     out = []
     for i, held in enumerate(runs):
         others = runs[:i] + runs[i + 1:]
         if not others:
             model_profile = base_profile
         else:
-            model_profile = ProfileFit(**settings).fit(others, base_profile, warm_start=warm).profile_
+            informed = {name: e for name, e in effects.items()
+                        if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
+            model_profile = ProfileFit(**settings).fit(others, base_profile, warm_start=warm,
+                                                       informed=set(informed)).profile_
         p = predict(held.workload, held.strategy, model_profile)
         out.append(HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile))
     return out

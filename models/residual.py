@@ -12,10 +12,13 @@ the honest answer: the band says how little is known there.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from scipy.stats import norm
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import StandardScaler
 
 from models.fit import MeasuredRun, RunPredictions
@@ -80,10 +83,14 @@ class ResidualModel:
         x = features(runs, predictions)[ok]
         self.scaler_ = StandardScaler().fit(x)
         var = self.prior_std**2
-        kernel = (ConstantKernel(var, (var / 100, var * 4)) * RBF(np.ones(x.shape[1]) * 3.0, (0.3, 100.0))
+        kernel = (ConstantKernel(var, (var / 100, var * 4)) * RBF(3.0, (0.3, 100.0))
                   + WhiteKernel(var / 10, (1e-6, var)))
-        self.gp_ = GaussianProcessRegressor(kernel, normalize_y=False, random_state=self.random_state,
-                                            n_restarts_optimizer=2).fit(self.scaler_.transform(x), y[ok])
+        gp = GaussianProcessRegressor(kernel, normalize_y=False, random_state=self.random_state, n_restarts_optimizer=1)
+        with warnings.catch_warnings():
+            # A hyperparameter at its bound is an answer here (no structure left: the signal
+            # variance at its floor), not a failure.
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            self.gp_ = gp.fit(self.scaler_.transform(x), y[ok])
         self.n_runs_ = int(ok.sum())
         return self
 

@@ -39,6 +39,7 @@ class RunResult:
     world_size: int = 0
     config_adjustments: list[str] = field(default_factory=list)  # what the harness changed in ds_config
     machine: dict = field(default_factory=dict)  # host, GPU, versions
+    layout: dict = field(default_factory=dict)  # as run: ZeRO stage, sp, dp, checkpointing, optimizer class
     timeline_s: dict[str, float] = field(default_factory=dict)  # rank 0: seconds since its start at each stage
     wall_s: float | None = None  # whole run including start-up, filled in by the runner
     concurrent_runs: int = 1  # most runs sharing the machine meanwhile (host CPU energy is whole-host)

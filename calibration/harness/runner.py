@@ -112,7 +112,11 @@ def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettin
     cpus = sorted({cpu for s in slots for cpu in (s.cpus or ())}) or None
     threads = max(1, (len(cpus) if cpus else os.cpu_count() or 1) // c.gpus)
     env.setdefault("OMP_NUM_THREADS", str(threads))  # torchrun would set 1: CPUAdam would crawl
-    preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    def preexec():
+        _die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
     start = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(harness_command(c, config_path, out_path, settings), stdout=log,
@@ -127,6 +131,16 @@ def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettin
     wall = time.perf_counter() - start
     result = _collect(out_path, log_path, proc.returncode, timed_out, settings.timeout_s)
     return replace(result, wall_s=wall)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the run if the sweep dies (its own session would otherwise outlive it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -152,7 +166,7 @@ def _collect(out_path: Path, log_path: Path, returncode: int | None, timed_out: 
     if errors:  # a rank's OOM is the cause; its peers then fail in broken collectives
         return next((e for e in errors if e.status == "oom"), errors[0])
     log = log_path.read_text(errors="replace") if log_path.exists() else ""
-    if re.search(r"out of memory|OutOfMemoryError", log, re.IGNORECASE):
+    if re.search(r"out of memory|OutOfMemoryError|can't allocate memory", log, re.IGNORECASE):
         return RunResult(status="oom", reason=_log_tail(log_path, 2))
     if re.search(r"exitcode\s*:\s*-9\b|Signals\.SIGKILL|signal 9", log):
         return RunResult(status="oom", reason="a rank was killed by SIGKILL (host out of memory?)")

@@ -206,21 +206,31 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
         sync()
         warm_s = time.perf_counter() - start
     timeline.mark("warmed_up")
-    # Same step count on every rank (collectives), enough for a window NVML can resolve.
-    slowest = torch.tensor([warm_s], device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    steps = args.steps
-    if slowest.item() > 0:
-        steps = max(args.steps, min(args.max_steps, math.ceil(args.min_window_s / slowest.item())))
+    # At least --steps, and enough for a window NVML can resolve (--min-window-s). Ranks agree on
+    # the count through all-reduces, since every step holds collectives.
+    def agreed(value: float, op) -> float:
+        t = torch.tensor([value], device=device, dtype=torch.float64)
+        dist.all_reduce(t, op=op)
+        return t.item()
 
+    target = args.steps
+    if warm_s > 0:
+        target = max(args.steps, min(args.max_steps, math.ceil(args.min_window_s / agreed(warm_s, dist.ReduceOp.MAX))))
     step_times, cpu_before = [], process_tree_cpu_s()
     monitor.begin_window("measured")
     window_start = time.perf_counter()
-    for _ in range(steps):
-        start = time.perf_counter()
-        losses.append(step())
-        sync()
-        step_times.append(time.perf_counter() - start)
+    while True:
+        while len(step_times) < target:
+            start = time.perf_counter()
+            losses.append(step())
+            sync()
+            step_times.append(time.perf_counter() - start)
+        elapsed = agreed(time.perf_counter() - window_start, dist.ReduceOp.MIN)
+        if elapsed >= args.min_window_s or target >= args.max_steps:
+            break  # the warm-up step was slower than these: top up from the measured pace
+        pace = elapsed / len(step_times)
+        target = min(args.max_steps, len(step_times) + math.ceil((args.min_window_s - elapsed) / pace))
+    steps = len(step_times)
     measurement = monitor.end_window("measured")
     window_s = time.perf_counter() - window_start
     cpu_s = process_tree_cpu_s() - cpu_before
@@ -241,6 +251,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     }
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
+    optimizer_names = (type(engine.basic_optimizer).__name__, type(engine.optimizer).__name__)
     engine.destroy()
     timeline.mark("gathered")
     if rank != 0:
@@ -278,6 +289,18 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
         world_size=world,
         config_adjustments=adjustments,
         timeline_s=timeline.marks,
+        layout={
+            "zero_stage": stage,
+            "sp": sp,
+            "dp": world // sp,
+            "checkpoint_every": every,
+            "micro_batch": micro_batch,
+            "grad_accum": grad_accum,
+            "dtype": str(dtype).removeprefix("torch."),
+            "optimizer": optimizer_names[0],  # FusedAdam, DeepSpeedCPUAdam, AdamW (torch_adam)
+            "engine_optimizer": optimizer_names[1],  # the ZeRO stage's wrapper
+            "vision_groups_rank0": batch.vision_groups,
+        },
         machine={
             **machine_info(device_kind),
             "peak_gpu_mem_init_gib": init_peak / GIB if cuda else None,
@@ -299,9 +322,10 @@ def _per_rank_power(everyone: list[dict]) -> dict[str, float] | None:
 
 
 def classify_failure(exc: BaseException) -> str:
-    """oom for GPU (or host allocator) out-of-memory errors, crash for anything else."""
+    """oom for GPU or host allocator out-of-memory errors, crash for anything else."""
     text = f"{type(exc).__name__}: {exc}".lower()
-    if "outofmemoryerror" in text or "out of memory" in text or isinstance(exc, MemoryError):
+    markers = ("outofmemoryerror", "out of memory", "can't allocate memory", "cannot allocate memory")
+    if any(m in text for m in markers) or isinstance(exc, MemoryError):
         return "oom"
     return "crash"
 

@@ -72,6 +72,9 @@ def bad_model(tmp_path):
     (["recommend", "--model", "7B", "--seq", "4k", "--tokens", "lots"], "--tokens"),
     (["recommend", "--model", "7B", "--seq", "4k", "--plot", "front.svg"], "PNG"),
     (["predict", "--model", "7B"], "Missing option '--seq'"),
+    (["recommend", "--model", "7B", "--seq", "4k", "--search", "exhaustive", "--storage", "sqlite:///x.db"],
+     "--storage"),
+    (["recommend", "--model", "7B", "--seq", "4k", "--storage", "nosuchdb://x"], "cannot open"),
 ])
 def test_bad_input_is_one_line(args, needle):
     assert needle in one_line_error(run(*args))
@@ -123,6 +126,11 @@ def test_predict_reads_a_ds_config_and_flags_override_it(arch7b, tmp_path):
     got = strategy_of(out)
     assert (got.micro_batch, got.grad_accum, got.checkpoint_every, got.super_offload, got.sp) == (1, 8, 1, True, 2)
     assert got.global_batch == s.global_batch
+    # overlap_comm absent from a ZeRO-2 config: DeepSpeed's default follows the stage the flags set.
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1}))
+    assert strategy_of(run_json("predict", "--model", "7B", "--seq", "4k", "--ds-config", str(path))).overlap_comm is False
+    assert strategy_of(run_json("predict", "--model", "7B", "--seq", "4k", "--ds-config", str(path), "--zero", "3")
+                       ).overlap_comm is True
 
 
 def test_recommend_json_front_is_feasible_and_holds_the_pick(tmp_path):

@@ -43,7 +43,10 @@ def test_missing_keys_take_deepspeed_defaults(arch7b):
     s = strategy_from_ds_config(settings, 8, 4)
     assert s.zero_stage == 3 and s.overlap_comm is True  # DeepSpeed turns overlap_comm on for stage 3 only
     assert s.micro_batch == 2 and s.checkpoint_every == 0 and s.sp == 1
-    assert parse_ds_config({"zero_optimization": {"stage": 2}}, arch7b).fields["overlap_comm"] is False
+    stage2 = parse_ds_config({"zero_optimization": {"stage": 2}}, arch7b)
+    assert "overlap_comm" not in stage2.fields and strategy_from_ds_config(stage2, 4, 4).overlap_comm is False
+    explicit = parse_ds_config({"zero_optimization": {"stage": 2, "overlap_comm": True}}, arch7b)
+    assert strategy_from_ds_config(explicit, 4, 4).overlap_comm is True
     assert gpus_from_batch(settings, 1) is None
 
 

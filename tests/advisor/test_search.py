@@ -87,6 +87,7 @@ def test_storage_resumes_the_same_study(tiny_problem, tmp_path):
     study = optuna.load_study(study_name=second.study_name, storage=url)
     assert len(study.trials) == 30
     assert len(second.candidates) >= len(first.candidates)
+    assert not first.notes and "resumed study" in second.notes[0]
 
 
 def test_nothing_feasible_names_the_closest_miss(tiny_problem):
@@ -103,3 +104,11 @@ def test_pareto_front_drops_dominated_and_infeasible_points():
     assert pick(t, e, [0, 1, 4], "energy", 0.0) == 0
     assert pick(t, e, [0, 1, 4], "energy", 1.0) == 1
     assert pick(t, e, [0, 1, 4], "edp", 5.0) == 4  # 3.0 * 0.5 = 1.5 < 2.0 < 5.0
+
+
+def test_front_agrees_with_optunas_best_trials(tiny_problem):
+    result = optuna_search(tiny_problem, trials=60, seed=2)
+    c = result.candidates
+    ours = {(c.run_time_s[i], c.run_energy_j[i]) for i in result.pareto}
+    optunas = {tuple(t.values) for t in result.study.best_trials}
+    assert ours == optunas

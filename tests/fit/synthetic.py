@@ -71,3 +71,34 @@ def synthetic_runs(profile: HardwareProfile | None = None, noise: float = 0.01, 
     m = pred.allocated_gpu_mem_gib * np.exp(noise * rng.standard_normal(n))
     return [MeasuredRun(r.workload, r.strategy, float(t[i]), float(e[i]), float(m[i]), float(m[i] * 1.12),
                         run_id=r.run_id, label=r.label) for i, r in enumerate(skeleton)]
+
+
+def synthetic_records(specs: list[dict], profile: HardwareProfile | None = None, noise: float = 0.01, seed: int = 0,
+                      failed: tuple[str, ...] = ()) -> list:
+    """RunRecords (as data/runs/*.jsonl holds them) measured as `profile` predicts, and one failed
+    record per status in `failed` (on the first spec's workload, with the first specs' strategies)."""
+    from advisor.validate import candidate_from_strategy
+    from calibration.harness.candidate import RunRecord
+    from calibration.harness.result import RunResult
+
+    runs = synthetic_runs(profile, noise, seed, specs)
+    records = []
+    for i, (spec, run) in enumerate(zip(specs, runs)):
+        model = str(REPO / spec["model"]) if spec["model"].endswith(".json") else spec["model"]
+        c = candidate_from_strategy(model, spec["seq"], spec["strategy"], frames=spec.get("frames", 0),
+                                    images=spec.get("images", 0), freeze_vision=spec.get("freeze_vision", False))
+        result = RunResult(status="ok", step_time_s=run.step_time_s, gpu_energy_j=run.gpu_energy_j,
+                           peak_gpu_mem_gib=run.peak_gpu_mem_gib, peak_gpu_reserved_gib=run.peak_gpu_reserved_gib,
+                           measured_steps=3, gpu_meter="nvml")
+        records.append(RunRecord(c.key(), f"2026-11-29T10:{i:02d}:00+00:00", c, result))
+    for j, status in enumerate(failed):
+        spec = specs[j % len(specs)]
+        strategy = {**spec["strategy"], "micro_batch": 64}  # another candidate, so another key
+        c = candidate_from_strategy(spec["model"], spec["seq"], strategy)
+        records.append(RunRecord(c.key(), f"2026-11-29T11:{j:02d}:00+00:00", c,
+                                 RunResult(status=status, reason=f"synthetic {status}")))
+    return records
+
+
+def write_jsonl(records, path) -> None:
+    Path(path).write_text("".join(r.to_json_line() for r in records))

@@ -1,0 +1,63 @@
+"""`advisor calibrate --quick` on the CPU writes a profile load_profile accepts, and resumes."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cmd_calibrate import calibrate
+from models.profile import load_profile
+
+
+def raw_keys(raw):
+    return [json.loads(line)["key"] for line in raw.read_text().splitlines()[1:]]
+
+
+@pytest.fixture(scope="module")
+def interrupted_then_finished(tmp_path_factory):
+    """A run that only got through GEMMs and attention, then the full command again."""
+    out = tmp_path_factory.mktemp("cal") / "cpu.json"
+    raw = out.with_name("cpu.raw.jsonl")
+    runner = CliRunner()
+    first = runner.invoke(calibrate, ["--quick", "--out", str(out), "--only", "gemm", "--only", "attention"])
+    after_first = raw_keys(raw)
+    second = runner.invoke(calibrate, ["--quick", "--out", str(out)])
+    return out, raw, first, after_first, second
+
+
+def test_partial_run_keeps_raw_results_and_writes_no_profile(interrupted_then_finished):
+    out, raw, first, after_first, _ = interrupted_then_finished
+    assert first.exit_code != 0
+    assert "not measured" in first.output
+    assert after_first and all(k.startswith(("gemm/", "attention/")) for k in after_first)
+
+
+def test_resumed_run_does_not_repeat_finished_benchmarks(interrupted_then_finished):
+    out, raw, _, after_first, second = interrupted_then_finished
+    assert second.exit_code == 0, second.output
+    keys = raw_keys(raw)
+    assert keys[: len(after_first)] == after_first
+    for k in after_first:
+        assert keys.count(k) == 1, f"{k} was measured again"
+    assert any(k.startswith("collective/") for k in keys)
+
+
+def test_quick_cpu_profile_loads_and_says_it_is_a_cpu_profile(interrupted_then_finished):
+    out = interrupted_then_finished[0]
+    p = load_profile(out)
+    assert p.provenance.kind == "cpu"
+    assert p.provenance.torch and p.provenance.host_cpu
+    assert p.host.link == "none"
+    assert p.power.cpu.measured is False or p.power.cpu.sensor in ("rapl", "grace-hwmon")
+    assert "placeholder for a CPU profile" in p.power.gpu.compute.source
+    assert p.gpu.gemm_bf16.y[0] > 0 and p.host.cpu_adam.value > 0
+    assert p.intra_node.all_reduce.group_size_measured.value == 1
+    assert out.with_name("cpu.raw.jsonl").exists()
+
+
+def test_third_run_measures_nothing(interrupted_then_finished):
+    out, raw, *_ = interrupted_then_finished
+    before = raw.read_text()
+    result = CliRunner().invoke(calibrate, ["--quick", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert raw.read_text() == before
+    assert load_profile(out).name == "cpu-x1"

@@ -1,0 +1,136 @@
+"""Profile building from raw results, and the schema's strict parsing of what we write."""
+import copy
+
+import pytest
+from cal_helpers import ALPHA_S, BUS_BW, env, gpu_results, rr
+
+from calibration.profile_writer import MissingMeasurements, build_profile
+from models.profile import HardwareProfile, ProfileError, parse_profile
+
+
+def build(results=None, e=None, **kw):
+    return build_profile(e or env(), results if results is not None else gpu_results(),
+                         name=kw.pop("name", "test-h200"), raw_file="t.raw.jsonl", **kw)
+
+
+def test_gpu_profile_parses_and_carries_the_fitted_numbers():
+    data = build()
+    p = parse_profile(data)
+    assert p.provenance.kind == "measured" and p.provenance.gpu == "NVIDIA H200"
+    assert p.gpus_per_node.value == 2
+    ar = p.intra_node.all_reduce
+    assert ar.alpha.value == pytest.approx(ALPHA_S, rel=1e-4)
+    assert ar.bus_bandwidth.value == pytest.approx(BUS_BW, rel=1e-4)
+    assert ar.group_size_measured.value == 2
+    assert p.gpu.hbm_bandwidth.value == pytest.approx(4.3e12)  # best size
+    assert p.gpu.power_cap.value == 700.0
+    assert p.power.gpu.compute.value == 690.0 and p.power.gpu.idle.value == 81.0
+    assert p.host.cpu_adam.value == pytest.approx(3.4e9)
+    assert "DeepSpeedCPUAdam" in p.host.cpu_adam.source
+
+
+def test_curves_are_monotone_and_use_head_dim_128_only():
+    p = parse_profile(build())
+    y = p.gpu.gemm_bf16.y
+    assert all(b >= a for a, b in zip(y, y[1:]))
+    assert p.gpu.attention_fwd_bf16.x == [1024.0, 4096.0, 16384.0]  # the d=64 point at 2048 is left out
+    assert "causal FLOPs only" in p.gpu.attention_bwd_bf16.source
+
+
+def test_negative_overlap_is_clamped_and_says_so():
+    p = parse_profile(build())
+    q = p.overlap.compute_slowdown_with_copy
+    assert q.value == 0.0 and "clamped" in q.source
+    assert p.overlap.compute_slowdown_with_all_to_all.value == pytest.approx(0.38)
+
+
+def test_single_node_inter_node_is_a_labelled_copy():
+    p = parse_profile(build())
+    assert p.inter_node.all_gather.bus_bandwidth.value == p.intra_node.all_gather.bus_bandwidth.value
+    assert p.inter_node.all_gather.bus_bandwidth.source.startswith("not measured (single-node")
+
+
+def test_no_cpu_sensor_gives_estimate_never_zero():
+    p = parse_profile(build())
+    assert p.power.cpu.measured is False and p.power.cpu.sensor == "absent"
+    assert p.power.cpu.idle.value > 0 and p.power.cpu.optimizer.value > p.power.cpu.idle.value
+    assert "estimate, not measured" in p.power.cpu.idle.source
+
+
+def test_measured_cpu_power_is_used_when_a_sensor_read_it():
+    results = gpu_results()
+    for phase, w in (("idle", 90.0), ("wait", 240.0)):
+        data = dict(results[f"power/{phase}"].data, cpu_power_w=w, cpu_meter="rapl", cpu_work="adam")
+        results[f"power/{phase}"] = rr(f"power/{phase}", "power", data)
+    p = parse_profile(build(results))
+    assert p.power.cpu.measured is True and p.power.cpu.sensor == "rapl"
+    assert p.power.cpu.idle.value == 90.0 and p.power.cpu.optimizer.value == 240.0
+
+
+def test_failed_family_is_an_error_naming_it_not_a_made_up_number():
+    results = gpu_results()
+    for k in [k for k in results if k.startswith("gemm/")]:
+        results[k] = rr(k, "gemm", {}, status="failed", reason="CUDA out of memory")
+    with pytest.raises(MissingMeasurements) as exc:
+        build(results)
+    msg = str(exc.value)
+    assert "gpu.gemm_bf16" in msg and "CUDA out of memory" in msg and "--fill-from" in msg
+
+
+def test_missing_power_without_nvml_is_an_error_unless_filled_from_a_reference():
+    results = gpu_results(power_w=False)
+    e = dict(env(), gpu_power_limit_w=None)
+    with pytest.raises(MissingMeasurements, match="power.gpu.idle"):
+        build(results, e)
+    ref = parse_profile(build(name="reference"))
+    p = parse_profile(build(results, e, fill_from=ref))
+    assert p.power.gpu.idle.value == 81.0
+    assert p.power.gpu.idle.source.startswith("from profile 'reference'")
+    assert p.gpu.power_cap.source.startswith("from profile 'reference'")
+
+
+def test_one_gpu_profile_labels_what_it_could_not_measure():
+    results = {k: v for k, v in gpu_results(world=1).items()
+               if not k.startswith(("overlap/all", "power/collective"))}
+    results["overlap/all_gather"] = rr("overlap/all_gather", "overlap", {}, "skipped", "needs at least 2 ranks")
+    results["overlap/all_to_all"] = rr("overlap/all_to_all", "overlap", {}, "skipped", "needs at least 2 ranks")
+    results["power/collective"] = rr("power/collective", "power", {}, "skipped", "needs at least 2 ranks")
+    p = parse_profile(build(results, env(world=1, local=1)))
+    assert "crosses no link" in p.intra_node.all_reduce.bus_bandwidth.source
+    assert p.overlap.compute_slowdown_with_collective.source.startswith("not measured (needs at least 2 ranks)")
+    assert "placeholder = measured memory-bound power" in p.power.gpu.collective.source
+    assert "skipped: " in p.provenance.notes
+
+
+def test_parse_profile_rejects_missing_key_wrong_unit_and_unknown_version():
+    good = build()
+    missing = copy.deepcopy(good)
+    del missing["host"]["cpu_adam"]
+    with pytest.raises(ProfileError, match="host.cpu_adam"):
+        parse_profile(missing, origin="x.json")
+    wrong = copy.deepcopy(good)
+    wrong["gpu"]["hbm_bandwidth"]["unit"] = "GB/s"
+    with pytest.raises(ProfileError, match="hbm_bandwidth.*bytes/s"):
+        parse_profile(wrong)
+    version = copy.deepcopy(good)
+    version["schema_version"] = 99
+    with pytest.raises(ProfileError, match="schema_version 99"):
+        parse_profile(version)
+    extra = copy.deepcopy(good)
+    extra["gpu"]["hbm_bandwith"] = extra["gpu"]["hbm_bandwidth"]
+    with pytest.raises(ProfileError, match="hbm_bandwith"):
+        parse_profile(extra)
+
+
+def test_every_constant_has_a_source():
+    p = parse_profile(build())
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "unit" in node and "value" in node:
+                assert node["source"].strip()
+            for v in node.values():
+                walk(v)
+
+    walk(p.model_dump())
+    assert isinstance(p, HardwareProfile)

@@ -1,0 +1,115 @@
+"""Real runs of the harness through the runner, on the CPU (gloo, torch Adam): what succeeds
+is measured, what fails is recorded as oom, crash or timeout with its reason."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from calibration.harness.candidate import Candidate
+from calibration.harness.result import RunResult
+from calibration.harness.runner import RunSettings, _collect, run_candidate
+from harness_helpers import TINY, ds_config
+
+QUICK = RunSettings(warmup=1, steps=2, min_window_s=0.0, timeout_s=180)
+
+
+def check_measured(result: RunResult, steps: int, world: int):
+    assert result.status == "ok", result.reason
+    assert result.measured_steps == steps and len(result.step_times_s) == steps
+    assert result.step_time_s > 0 and result.window_s >= 0.9 * sum(result.step_times_s)
+    assert result.world_size == world
+    assert result.gpu_energy_j is None and result.peak_gpu_mem_gib is None  # no GPU here: not measured, not 0
+    assert result.peak_host_mem_gib > 0.05
+    assert result.cpu_process_core_s > 0
+    assert math.isfinite(result.loss_first) and math.isfinite(result.loss_last)
+    assert any("torch_adam" in a for a in result.config_adjustments) or result.config_adjustments == []
+    assert result.wall_s > result.timeline_s["measured"] - result.timeline_s["main"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [0, 3])
+def test_single_rank_runs_are_measured(tmp_path, tiny_model, stage):
+    c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(stage))
+    result = run_candidate(c, tmp_path, QUICK)
+    check_measured(result, steps=2, world=1)
+    assert (tmp_path / c.key() / "result.json").exists()
+    assert result.layout["zero_stage"] == stage and result.layout["optimizer"] == "AdamW"  # torch_adam on CPU
+
+
+@pytest.mark.slow
+def test_offload_with_accumulation_runs_and_learns(tmp_path, tiny_model):
+    cfg = ds_config(1, grad_accum=2, offload_optimizer={"device": "cpu"})
+    result = run_candidate(Candidate(model=tiny_model, seq_len=64, ds_config=cfg), tmp_path,
+                           RunSettings(warmup=1, steps=3, min_window_s=0.0))
+    check_measured(result, steps=3, world=1)
+    assert result.loss_last < result.loss_first  # same batch every step: AdamW must fit it
+    assert result.tokens_per_s == pytest.approx(2 * 64 / result.step_time_s)
+
+
+@pytest.mark.slow
+def test_ulysses_on_two_ranks_with_zero3_checkpointing_and_video(tmp_path, tiny_vl_model):
+    """torchrun with two ranks on gloo: DeepSpeed's all-to-all works there, so sp=2 is tested."""
+    c = Candidate(model=tiny_vl_model, seq_len=64, ds_config=ds_config(3, sp=2, checkpoint=True), gpus=2,
+                  frames=4, freeze_vision=False)
+    result = run_candidate(c, tmp_path, QUICK)
+    check_measured(result, steps=2, world=2)
+    assert result.layout["sp"] == 2 and result.layout["dp"] == 1 and result.layout["checkpoint_every"] == 1
+    assert result.layout["zero_stage"] == 3 and result.layout["engine_optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
+    assert result.layout["vision_groups_rank0"] == 1  # 2 groups at 0 and 32: one per shard
+
+
+@pytest.mark.slow
+def test_short_steps_are_repeated_until_the_window_is_long_enough(tmp_path, tiny_model):
+    result = run_candidate(Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(2)), tmp_path,
+                           RunSettings(warmup=1, steps=1, min_window_s=0.5, max_steps=500))
+    check_measured(result, steps=result.measured_steps, world=1)
+    assert result.measured_steps > 1 and result.window_s >= 0.5
+
+
+@pytest.mark.slow
+def test_host_out_of_memory_is_recorded_as_oom(tmp_path):
+    huge = {**TINY, "vocab_size": 4_000_000_000}  # a 1 TB embedding: the allocation itself fails
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(huge))
+    result = run_candidate(Candidate(model=str(path), seq_len=64, ds_config=ds_config(0)), tmp_path, QUICK)
+    assert result.status == "oom", result.reason
+    assert "rank 0" in result.reason and result.step_time_s is None
+
+
+@pytest.mark.slow
+def test_a_failing_run_is_a_crash_with_its_error(tmp_path, tiny_model):
+    # Ulysses degree 2 on one rank: DeepSpeed's parallel_state_sp refuses it.
+    c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(0), sp=2)
+    result = run_candidate(c, tmp_path, QUICK)
+    assert result.status == "crash"
+    assert "world_size (1) is less than sequence_parallel_size 2" in result.reason
+
+
+@pytest.mark.slow
+def test_a_run_past_its_timeout_is_stopped_and_recorded(tmp_path, tiny_model):
+    c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(0))
+    result = run_candidate(c, tmp_path, RunSettings(timeout_s=2.0))
+    assert result.status == "timeout" and "2 s" in result.reason
+    assert result.wall_s < 20  # the whole process group went down, not just torchrun
+
+
+def test_failures_without_error_files_are_classified_from_the_log(tmp_path):
+    out, log = tmp_path / "result.json", tmp_path / "log.txt"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    assert _collect(out, log, 1, False, 60).status == "oom"
+    log.write_text("[1]:\n  exitcode  : -9 (pid: 123)\n")
+    assert _collect(out, log, 1, False, 60).status == "oom"
+    log.write_text("ValueError: something else\n")
+    crash = _collect(out, log, 1, False, 60)
+    assert crash.status == "crash" and "something else" in crash.reason
+
+
+def test_a_ranks_oom_wins_over_its_peers_broken_collectives(tmp_path):
+    out, log = tmp_path / "result.json", tmp_path / "log.txt"
+    log.write_text("")
+    RunResult(status="crash", reason="rank 0: gloo connection closed").write(f"{out}.rank0.error.json")
+    RunResult(status="oom", reason="rank 1: CUDA out of memory").write(f"{out}.rank1.error.json")
+    got = _collect(out, log, 1, False, 60)
+    assert got.status == "oom" and got.reason.startswith("rank 1")

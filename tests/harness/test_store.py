@@ -1,0 +1,127 @@
+"""The run store: versioned schema, transactional writes, JSONL import/export."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from advisor.store import SCHEMA_VERSION, RunStore, StoreError, default_store_path
+from calibration.harness.candidate import Candidate, RunRecord
+from calibration.harness.result import RunResult
+from harness_helpers import ds_config
+
+
+def record(seq: int, status: str = "ok", step: float | None = 1.5, date: str = "2026-11-29T10:00:00+00:00",
+           prediction: dict | None = None) -> RunRecord:
+    c = Candidate(model="qwen2.5-0.5b", seq_len=seq, ds_config=ds_config(2), strategy={"zero_stage": 2})
+    r = RunResult(status=status, reason="" if status == "ok" else "boom", step_time_s=step,
+                  gpu_energy_j=900.0 if step else None, peak_host_mem_gib=3.0, machine={"gpu": "NVIDIA H200"})
+    return RunRecord(c.key(), date, c, r, prediction, "gh200" if prediction else None)
+
+
+def test_new_store_has_the_current_schema_and_reopens(tmp_path):
+    path = tmp_path / "runs.db"
+    with RunStore(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        store.add_run(record(1024))
+    with RunStore(path) as store:
+        assert store.count() == 1
+
+
+def test_a_store_from_a_newer_version_is_refused(tmp_path):
+    path = tmp_path / "runs.db"
+    RunStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="newer"):
+        RunStore(path)
+
+
+def test_a_file_that_is_not_a_store_is_refused(tmp_path):
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="not a usable run store"):
+        RunStore(path)
+
+
+def test_runs_round_trip_with_measurements_and_prediction(tmp_path):
+    with RunStore(tmp_path / "runs.db") as store:
+        rec = record(2048, prediction={"step_time_s": 1.2, "gpu_energy_j": 800.0})
+        assert store.add_run(rec)
+        assert not store.add_run(rec)  # same key and date: already there
+        (back,) = store.runs()
+        assert back == rec
+        row = store._db.execute("SELECT status, step_time_s, gpu_energy_j, profile, model, seq_len FROM runs").fetchone()
+        assert row == ("ok", 1.5, 900.0, "gh200", "qwen2.5-0.5b", 2048)
+
+
+def test_a_batch_with_a_bad_record_writes_nothing(tmp_path):
+    good = record(1024)
+    bad = record(2048)
+    object.__setattr__(bad.result, "status", "exploded")  # bypasses RunResult's own check
+    with RunStore(tmp_path / "runs.db") as store:
+        with pytest.raises(sqlite3.IntegrityError):
+            store.add_runs([good, bad])
+        assert store.count() == 0
+
+
+def test_done_keys_and_filters(tmp_path):
+    with RunStore(tmp_path / "runs.db") as store:
+        store.add_runs([record(1024), record(2048, status="oom", step=None), record(4096, status="timeout", step=None)])
+        assert store.done_keys() == {record(s).key for s in (1024, 2048, 4096)}
+        assert store.done_keys(["ok", "oom"]) == {record(1024).key, record(2048).key}
+        assert [r.candidate.seq_len for r in store.runs(status="oom")] == [2048]
+        assert store.runs(model="llama-2-7b") == []
+
+
+def test_jsonl_export_import_is_lossless_and_idempotent(tmp_path):
+    records = [record(1024), record(2048, status="crash", step=None), record(1024, date="2026-11-30T10:00:00+00:00")]
+    with RunStore(tmp_path / "a.db") as a:
+        a.add_runs(records)
+        assert a.export_jsonl(tmp_path / "runs.jsonl") == 3
+    lines = (tmp_path / "runs.jsonl").read_text().splitlines()
+    assert [json.loads(line)["result"]["status"] for line in lines] == ["ok", "crash", "ok"]
+    with RunStore(tmp_path / "b.db") as b:
+        assert b.import_jsonl(tmp_path / "runs.jsonl") == 3
+        assert b.import_jsonl(tmp_path / "runs.jsonl") == 0
+        assert b.runs() == a_runs_sorted(records)
+
+
+def a_runs_sorted(records):
+    return sorted(records, key=lambda r: r.date)
+
+
+def test_a_malformed_jsonl_line_is_named(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    path.write_text(record(1024).to_json_line() + '{"key": "x"}\n')
+    with RunStore(tmp_path / "runs.db") as store:
+        with pytest.raises(StoreError, match=r"runs.jsonl:2"):
+            store.import_jsonl(path)
+        assert store.count() == 0  # the good line was not half-imported either
+
+
+def test_calibration_results_are_stored(tmp_path):
+    with RunStore(tmp_path / "runs.db") as store:
+        store.add_calibration("gemm", {"m": 8192, "dtype": "bf16"}, {"tflops": 654.0}, {"gpu": "NVIDIA H200"})
+        store.add_calibration("all_gather", {"bytes": 2**24}, {"busbw_gb_s": 181.0}, {"gpu": "NVIDIA H200"})
+        assert [c["result"] for c in store.calibrations("gemm")] == [{"tflops": 654.0}]
+        assert len(store.calibrations()) == 2
+
+
+def test_two_stores_on_one_file_see_each_others_writes(tmp_path):
+    path = tmp_path / "runs.db"
+    with RunStore(path) as writer, RunStore(path) as reader:
+        writer.add_run(record(1024))
+        assert reader.count() == 1
+
+
+def test_default_store_path_prefers_the_cache_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_store_path() == tmp_path / "cache" / "energy-advisor" / "runs.db"
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # a file where the folder would go
+    assert str(default_store_path()) == "runs.db"

@@ -1,0 +1,118 @@
+"""`advisor validate`: candidates from a DeepSpeed config or a sweep file, predictions made
+before each run, and the end-to-end command on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cli import main
+from advisor.store import RunStore
+from advisor.validate import (
+    SweepFileError,
+    candidate_from_ds_config,
+    candidates_from_sweep,
+    compare,
+    make_predictor,
+)
+from calibration.harness.candidate import Candidate, RunRecord
+from calibration.harness.result import RunResult
+from harness_helpers import ds_config
+
+
+def write_sweep(tmp_path, *lines) -> str:
+    path = tmp_path / "sweep.jsonl"
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return str(path)
+
+
+def test_a_strategy_line_gets_its_config_from_advisor_ds_config(tmp_path):
+    strategy = {"gpus": 2, "gpus_per_node": 2, "zero_stage": 3, "sp": 2, "checkpoint_every": 1,
+                "offload_optimizer": "cpu", "super_offload": True}
+    (c,) = candidates_from_sweep(write_sweep(tmp_path, {"model": "qwen2.5-0.5b", "seq": 16384, "strategy": strategy}))
+    zero = c.ds_config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["super_offload"] is True
+    assert c.ds_config["sequence_parallel_size"] == 2 and "activation_checkpointing" in c.ds_config
+    assert (c.gpus, c.sp, c.checkpoint_every) == (2, 2, 1)
+    assert c.strategy["super_offload"] is True and c.label.startswith("z3 off-super")
+
+
+def test_a_ds_config_line_is_read_back_into_a_strategy(tmp_path):
+    cfg = {**ds_config(2, micro_batch=2, grad_accum=4), "train_batch_size": 16}
+    (c,) = candidates_from_sweep(write_sweep(tmp_path, "# comment", {"model": "qwen2.5-0.5b", "seq": 2048,
+                                                                      "ds_config": cfg}))
+    assert c.ds_config == cfg  # run as given
+    assert c.gpus == 2  # 16 sequences = 2 x 4 x dp 2
+    assert (c.strategy["zero_stage"], c.strategy["micro_batch"], c.strategy["grad_accum"]) == (2, 2, 4)
+
+
+@pytest.mark.parametrize("line, message", [
+    ({"model": "qwen2.5-0.5b", "seq": 4096, "strategy": {}, "colour": "red"}, "unknown keys"),
+    ({"model": "qwen2.5-0.5b", "strategy": {}}, "needs 'seq'"),
+    ({"model": "qwen2.5-0.5b", "seq": 4096}, "needs 'strategy' or 'ds_config'"),
+    ({"model": "qwen2.5-0.5b", "seq": 4096, "strategy": {"zero_stage": 0, "offload_optimizer": "cpu"}},
+     "optimizer offload needs ZeRO stage 1, 2 or 3"),
+    ({"model": "no-such-model", "seq": 4096, "strategy": {}}, "unknown model"),
+])
+def test_a_bad_sweep_line_is_named(tmp_path, line, message):
+    path = write_sweep(tmp_path, {"model": "qwen2.5-0.5b", "seq": 4096, "strategy": {}}, line)
+    with pytest.raises(SweepFileError, match=rf"sweep.jsonl:2: .*{message}"):
+        candidates_from_sweep(path)
+
+
+def test_freezing_is_dropped_for_a_model_without_vision():
+    c = candidate_from_ds_config("qwen2.5-0.5b", 4096, ds_config(2), freeze_vision=True)
+    assert c.freeze_vision is False and c.gpus == 1
+
+
+def test_the_predictor_uses_the_cost_model_and_records_why_when_it_cannot():
+    c = candidate_from_ds_config("qwen2.5-0.5b", 4096, ds_config(2))
+    pred, profile, notes = make_predictor("gh200")(c)
+    assert notes == [] and profile == "gh200"
+    assert pred["step_time_s"] > 0 and pred["gpu_energy_j"] > 0
+    pred, _, notes = make_predictor("no-such-profile")(c)
+    assert pred is None and notes[0].startswith("no prediction:")
+    bare = Candidate(model="qwen2.5-0.5b", seq_len=4096, ds_config=ds_config(2))
+    assert make_predictor("gh200")(bare)[2] == ["no prediction: the candidate carries no strategy"]
+
+
+def test_compare_gives_signed_percentage_errors():
+    c = Candidate(model="m", seq_len=1, ds_config={}, label="x")
+    r = RunRecord.now(c, RunResult(status="ok", step_time_s=2.0, gpu_energy_j=1000.0, peak_gpu_mem_gib=None),
+                      prediction={"step_time_s": 2.5, "gpu_energy_j": 900.0, "peak_gpu_mem_gib": 30.0})
+    cmp = compare(r)
+    assert cmp.error_pct["step_time_s"] == pytest.approx(25.0)
+    assert cmp.error_pct["gpu_energy_j"] == pytest.approx(-10.0)
+    assert cmp.error_pct["peak_gpu_mem_gib"] is None  # not measured: no error, not -100%
+
+
+@pytest.mark.slow
+def test_validate_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps(ds_config(2, checkpoint=True)))
+    args = ["validate", "--model", tiny_model, "--seq", "64", "--ds-config", str(cfg), "--store",
+            str(tmp_path / "runs.db"), "--workdir", str(tmp_path / "work"), "--warmup", "1", "--steps", "2",
+            "--min-window-s", "0"]
+    result = CliRunner().invoke(main, args + ["--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    (run,) = report["runs"]
+    assert run["status"] == "ok" and run["measured"]["step_time_s"] > 0
+    assert run["measured"]["gpu_energy_j"] is None  # no GPU: not measured
+    assert run["predicted"]["step_time_s"] > 0  # predicted before the run, with the default profile
+    assert run["error_pct"]["step_time_s"] is not None
+    with RunStore(tmp_path / "runs.db") as store:
+        (stored,) = store.runs()
+    assert stored.prediction["step_time_s"] == run["predicted"]["step_time_s"]
+    assert stored.result.layout["checkpoint_every"] == 1
+    assert (tmp_path / "work" / "runs.jsonl").read_text().count("\n") == 1
+
+    again = CliRunner().invoke(main, args)  # already stored: nothing runs, the table says so
+    assert again.exit_code == 0, again.output
+    assert "1 candidate(s) not run now" in again.output
+
+
+def test_validate_needs_exactly_one_source(tmp_path):
+    result = CliRunner().invoke(main, ["validate", "--store", str(tmp_path / "r.db")])
+    assert result.exit_code == 2 and "either --ds-config" in result.output
