@@ -114,9 +114,10 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
 
 def to_run_set(records: list[RunRecord]) -> RunSet:
     """Usable runs of `records`: failed ones counted by status, repeats of a key reduced to the latest."""
-    failed = Counter(r.result.status for r in records if r.result.status in FAILED)
+    unique = list({(r.key, r.date): r for r in records}.values())  # one record read from two files is one run
+    failed = Counter(r.result.status for r in unique if r.result.status in FAILED)
     latest: dict[str, RunRecord] = {}
-    ok = [r for r in records if r.result.status == "ok"]
+    ok = [r for r in unique if r.result.status == "ok"]
     for record in sorted(ok, key=lambda r: r.date):
         latest[record.key] = record
     runs, skipped = [], []
@@ -208,6 +209,13 @@ class ErrorStats:
     spearman: float | None  # rank correlation of predicted and measured (None under 3 runs)
 
 
+def _spearman(predicted, measured) -> float | None:
+    """Rank correlation; None where it is undefined (a constant column)."""
+    if np.ptp(predicted) == 0 or np.ptp(measured) == 0:
+        return None
+    return float(spearmanr(predicted, measured).statistic)
+
+
 def error_stats(compared: list[Compared], metric: str) -> ErrorStats:
     pairs = [(c, c.error(metric)) for c in compared]
     pairs = [(c, e) for c, e in pairs if e is not None]
@@ -220,8 +228,7 @@ def error_stats(compared: list[Compared], metric: str) -> ErrorStats:
         meas = [{"time": c.run.step_time_s, "energy": c.run.gpu_energy_j, "memory": c.run.peak_gpu_mem_gib}[metric]
                 for c, _ in pairs]
         pred = [m * (1 + e) for m, (_, e) in zip(meas, pairs)]
-        value = spearmanr(pred, meas).statistic
-        rho = None if not np.isfinite(value) else float(value)
+        rho = _spearman(pred, meas)
     return ErrorStats(len(pairs), float(np.mean(np.abs(errors))), float(np.abs(errors).max()),
                       pairs[worst][0].run.label, rho)
 
@@ -259,14 +266,14 @@ def rank_checks(compared: list[Compared]) -> list[RankCheck]:
         meas = np.array([c.run.gpu_energy_j / c.run.tokens_per_step for c in members])
         pred = np.array([c.gpu_energy_j / c.run.tokens_per_step for c in members])
         pick, best = int(np.argmin(pred)), int(np.argmin(meas))
-        rho = float(spearmanr(pred, meas).statistic) if len(members) >= 3 else None
+        rho = _spearman(pred, meas) if len(members) >= 3 else None
         inputs = f" {key[3]}f" if key[3] else (f" {key[2]}img" if key[2] else "")
         if inputs:
             inputs += " trained" if key[5] else " frozen"
         name = f"{key[0]} seq {key[1]} {key[6]} GPU{inputs}"
         out.append(RankCheck(name, len(members), members[pick].run.strategy.label(),
                              members[best].run.strategy.label(), float(meas[pick] / meas[best] - 1),
-                             None if rho is None or not np.isfinite(rho) else rho))
+                             rho))
     return out
 
 

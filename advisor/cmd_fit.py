@@ -110,9 +110,10 @@ def fit(run_paths, store_path, profile, out_path, loo, residual, as_json):
 
 def _in_sample(profile, runs) -> int:
     """How many of `runs` the profile was fitted to (its provenance notes name them)."""
-    if profile.provenance.kind != "fitted":
-        return 0
-    return sum(1 for r in runs if r.run_id and r.run_id in profile.provenance.notes)
+    from models.fit import fitted_run_ids
+
+    ids = fitted_run_ids(profile)
+    return sum(1 for r in runs if r.run_id in ids)
 
 
 def accuracy_plot(report, path: str | Path) -> Path:

@@ -126,7 +126,8 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
 
     settings = RunSettings(warmup=warmup, steps=steps, min_window_s=min_window_s, timeout_s=timeout_s)
     with RunStore(store_path or _default_store()) as store:
-        records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=budget_s and budget_s - (time.monotonic() - started),
+        left = budget_s - (time.monotonic() - started) if budget_s else None
+        records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=left,
                                  retry=tuple(retry), on_record=progress, concurrent=parallel)
     comparisons = [compare(r) for r in records]
     skipped = len(candidates) - len(records)

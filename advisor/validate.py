@@ -84,7 +84,8 @@ def candidates_from_sweep(path: str | Path) -> list[Candidate]:
                 if "ds_config" in spec:  # run the given config; keep the strategy for the prediction
                     c = Candidate(**{**c.to_dict(), "ds_config": spec["ds_config"]})
             elif "ds_config" in spec:
-                c = candidate_from_ds_config(spec["model"], int(seq), spec["ds_config"], gpus=spec.get("gpus"), **common)
+                c = candidate_from_ds_config(spec["model"], int(seq), spec["ds_config"], gpus=spec.get("gpus"),
+                                             **common)
             else:
                 raise SweepFileError("needs 'strategy' or 'ds_config'")
         except SweepFileError as exc:

@@ -146,14 +146,21 @@ def _run(opts, console, rank, world, local_rank, local_world, backend, device) -
     raw_path = raw_path_for(opts.out)
     result = CalibrationResult(profile_path=None, raw_path=raw_path, profile=None)
 
-    log, error = None, None
+    log, error, ref = None, None, None
     if rank == 0:
+        if opts.fill_from:  # fail before measuring, not after
+            from models.profile import ProfileError, load_profile
+
+            try:
+                ref = load_profile(opts.fill_from)
+            except ProfileError as exc:
+                error = f"--fill-from: {exc}"
         header = {"kind": env["kind"], "device": env["gpu"] or env["host_cpu"], "gpus_per_node": local_world,
                   "nodes": ctx.nnodes, "quick": opts.quick, "machine": env["machine"]}
         try:
             log = RawLog(raw_path, header, fresh=opts.fresh)
         except Exception as exc:
-            error = str(exc)
+            error = error or str(exc)
     done, error = gather_objects(ctx, (log.done_keys() if log else set(), error))[0]
     if error:
         result.error = error
@@ -188,15 +195,12 @@ def _run(opts, console, rank, world, local_rank, local_world, backend, device) -
             else:
                 result.failed[item.key] = reason
     if rank == 0:
-        _write_profile(opts, env, log, result, console)
+        _write_profile(opts, env, log, result, console, ref)
     return result
 
 
-def _write_profile(opts, env, log, result, console) -> None:
-    from models.profile import load_profile
-
+def _write_profile(opts, env, log, result, console, ref) -> None:
     name = opts.name or default_name(env)
-    ref = load_profile(opts.fill_from) if opts.fill_from else None
     try:
         profile = build_profile(env, log.results(), name=name, raw_file=log.path.name, fill_from=ref,
                                 cpu_tdp_w=opts.cpu_tdp_w, cpu_idle_w=opts.cpu_idle_w)

@@ -46,7 +46,7 @@ def energy_monitor(cuda_indices: list[int], sync):
         from calibration.cpu_power import estimate_cpu_power
         from calibration.meters import EnergyMonitor
     except ImportError as exc:
-        warnings.warn(f"calibration.meters is not importable ({exc}); energy will not be measured")
+        warnings.warn(f"calibration.meters is not importable ({exc}); energy will not be measured", stacklevel=2)
         return _AbsentMonitor(f"calibration.meters not importable: {exc}")
     estimate = estimate_cpu_power(psutil.cpu_count())
     monitor = EnergyMonitor(gpu_indices=cuda_indices, sync=sync, cpu_estimate=estimate)

@@ -229,7 +229,8 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.vision = None
         if arch.vision is not None:
-            self.vision = VisionTower(arch.vision, arch.hidden_size, image_size or arch.vision.image_size, checkpointing)
+            side = image_size or arch.vision.image_size
+            self.vision = VisionTower(arch.vision, arch.hidden_size, side, checkpointing)
 
     def freeze_vision_encoder(self) -> None:
         assert self.vision is not None, "no vision encoder to freeze"

@@ -24,6 +24,7 @@ class RunResult:
     peak_gpu_mem_gib: float | None = None  # torch max_memory_allocated, max over ranks
     peak_gpu_reserved_gib: float | None = None  # torch max_memory_reserved, max over ranks
     peak_host_mem_gib: float | None = None  # peak RSS of each rank's process tree, summed over ranks
+    host_mem_baseline_gib: float | None = None  # the same before the model was built (runtime, libraries)
     tokens_per_s: float | None = None  # sequences x context length per second, whole job
     warmup_steps: int = 0
     measured_steps: int = 0

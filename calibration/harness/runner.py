@@ -264,8 +264,8 @@ def run_sweep(
                 head = pending[0]
                 if on_gpus and head.gpus > len(slots):
                     pending.pop(0)
-                    finish(head, RunResult(status="crash", reason=f"needs {head.gpus} GPUs, the machine has {len(slots)}"),
-                           (None, None, []))
+                    why = f"needs {head.gpus} GPUs, the machine has {len(slots)}"
+                    finish(head, RunResult(status="crash", reason=why), (None, None, []))
                 elif may_start(head):
                     launch(pool, pending.pop(0))
                 else:

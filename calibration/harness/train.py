@@ -140,6 +140,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     timeline.mark("distributed")
+    host_baseline = sampler.sample()  # torch, CUDA and NCCL resident before any model state
 
     sp = args.sp or int(cfg.get("sequence_parallel_size", 1))
     mpu, attention_wrapper, sp_rank = None, None, 0
@@ -248,6 +249,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
         "peak_alloc": torch.cuda.max_memory_allocated() if cuda else None,
         "peak_reserved": torch.cuda.max_memory_reserved() if cuda else None,
         "host_peak": sampler.peak_bytes,
+        "host_baseline": host_baseline,
     }
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -274,6 +276,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
         peak_gpu_mem_gib=max(total("peak_alloc")) / GIB if cuda else None,
         peak_gpu_reserved_gib=max(total("peak_reserved")) / GIB if cuda else None,
         peak_host_mem_gib=sum(r["host_peak"] for r in everyone) / GIB,
+        host_mem_baseline_gib=sum(r["host_baseline"] for r in everyone) / GIB,
         tokens_per_s=tokens / step_time,
         warmup_steps=args.warmup,
         measured_steps=steps,

@@ -61,3 +61,11 @@ def test_third_run_measures_nothing(interrupted_then_finished):
     assert result.exit_code == 0, result.output
     assert raw.read_text() == before
     assert load_profile(out).name == "cpu-x1"
+
+
+def test_a_bad_fill_from_fails_before_measuring(tmp_path):
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(calibrate, ["--quick", "--out", str(out), "--fill-from", "no-such-profile"])
+    assert result.exit_code != 0 and "unknown profile 'no-such-profile'" in result.output
+    raw = out.with_name("p.raw.jsonl")
+    assert not raw.exists() or raw_keys(raw) == []

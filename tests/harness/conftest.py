@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from harness_helpers import TINY, TINY_VL
 
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from harness_helpers import TINY, TINY_VL
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from calibration.harness.data import make_batch, vision_group_starts
@@ -15,7 +16,6 @@ from calibration.harness.model import Checkpointing, CoreAttention, Transformer
 from models.architecture import architecture_from_config, load_architecture
 from models.params import count_params
 from models.workload import Workload
-from harness_helpers import TINY, TINY_VL
 
 torch.manual_seed(0)
 
@@ -95,7 +95,7 @@ def test_checkpointing_wraps_every_kth_block_and_keeps_gradients(every, wrapped)
     plain(tokens, targets).backward()
     ckpt(tokens, targets).backward()
     assert [list(ckpt.layers).index(b) for b in calls] == wrapped
-    for a, b in zip(plain.parameters(), ckpt.parameters()):
+    for a, b in zip(plain.parameters(), ckpt.parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-6)
 
 

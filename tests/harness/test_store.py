@@ -5,11 +5,11 @@ import json
 import sqlite3
 
 import pytest
+from harness_helpers import ds_config
 
 from advisor.store import SCHEMA_VERSION, RunStore, StoreError, default_store_path
 from calibration.harness.candidate import Candidate, RunRecord
 from calibration.harness.result import RunResult
-from harness_helpers import ds_config
 
 
 def record(seq: int, status: str = "ok", step: float | None = 1.5, date: str = "2026-11-29T10:00:00+00:00",
@@ -54,7 +54,8 @@ def test_runs_round_trip_with_measurements_and_prediction(tmp_path):
         assert not store.add_run(rec)  # same key and date: already there
         (back,) = store.runs()
         assert back == rec
-        row = store._db.execute("SELECT status, step_time_s, gpu_energy_j, profile, model, seq_len FROM runs").fetchone()
+        columns = "status, step_time_s, gpu_energy_j, profile, model, seq_len"
+        row = store._db.execute(f"SELECT {columns} FROM runs").fetchone()
         assert row == ("ok", 1.5, 900.0, "gh200", "qwen2.5-0.5b", 2048)
 
 

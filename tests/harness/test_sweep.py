@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from harness_helpers import ds_config
 
 import calibration.harness.runner as runner
 from calibration.harness.candidate import Candidate, RunRecord
 from calibration.harness.result import RunResult
-from calibration.harness.runner import RunSettings, Slot, read_records, run_sweep, split_slots
-from harness_helpers import ds_config
+from calibration.harness.runner import Slot, read_records, run_sweep, split_slots
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,8 @@ class FakeRuns:
         if wanted > settings.timeout_s:
             return RunResult(status="timeout", reason="slow")
         status = self.status.get(c.label, "ok")
-        return RunResult(status=status, reason="" if status == "ok" else "boom", step_time_s=0.1 if status == "ok" else None)
+        ok = status == "ok"
+        return RunResult(status=status, reason="" if ok else "boom", step_time_s=0.1 if ok else None)
 
 
 @pytest.fixture

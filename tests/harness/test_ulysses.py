@@ -10,7 +10,6 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from harness_helpers import TINY_VL
 
 pytestmark = pytest.mark.slow
@@ -58,7 +57,8 @@ def _worker(rank: int, port: int, config: dict, vision: dict, out):
     for p in sharded.parameters():
         dist.all_reduce(p.grad)  # what ZeRO's reduction over the sequence-data-parallel group does
     if rank == 0:
-        worst = max((a.grad - b.grad).abs().max().item() for a, b in zip(full.parameters(), sharded.parameters()))
+        pairs = zip(full.parameters(), sharded.parameters(), strict=True)
+        worst = max((a.grad - b.grad).abs().max().item() for a, b in pairs)
         out.put({"full": full_loss.item(), "sharded": loss.item() / 2, "grad_diff": worst,
                  "vision_groups": mine.vision_groups})
     dist.barrier()

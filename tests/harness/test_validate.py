@@ -6,6 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from harness_helpers import ds_config
 
 from advisor.cli import main
 from advisor.store import RunStore
@@ -18,7 +19,6 @@ from advisor.validate import (
 )
 from calibration.harness.candidate import Candidate, RunRecord
 from calibration.harness.result import RunResult
-from harness_helpers import ds_config
 
 
 def write_sweep(tmp_path, *lines) -> str:

@@ -1,0 +1,70 @@
+"""The numbers of record: how well the shipped profile predicts the shipped real runs.
+
+    python benchmarks/accuracy.py [--profile h200] [--runs 'data/runs/*.jsonl'] [--json]
+
+Leave-one-out: for each shipped run, the profile's constants are refitted (from the profile's
+pre-fit values, `models.fit.prefit_profile`) to the other runs, and that profile predicts the
+held-out run. The table (step-time and GPU-energy MAPE, worst error, rank correlation, allocated
+GPU memory, per strategy family) is printed against the targets of issue 4, PASS or MISS:
+MAPE <= 5%, worst < 15%, memory within 10%, least-energy pick within 3% of the best measured.
+The shipped profile's own in-sample error is printed after it for comparison, marked as such.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from advisor.accuracy import (accuracy_report, compare_as_is, compare_held_out, format_report,  # noqa: E402
+                              read_records, to_run_set)
+from models.fit import ProfileFit, leave_one_out, prefit_profile  # noqa: E402
+from models.profile import load_profile  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--profile", default="h200", help="shipped profile name or JSON path (default h200)")
+    p.add_argument("--runs", default=str(REPO / "data/runs/*.jsonl"), help="glob of run files")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    args = p.parse_args(argv)
+
+    paths = sorted(glob.glob(args.runs))
+    if not paths:
+        print(f"no run files match {args.runs}: nothing to measure against", file=sys.stderr)
+        return 1
+    run_set = to_run_set(read_records(paths))
+    if not run_set.runs:
+        print(f"no successful runs in {', '.join(paths)} ({run_set.summary()})", file=sys.stderr)
+        return 1
+    profile = load_profile(args.profile)
+    base = prefit_profile(profile)
+    start = time.perf_counter()
+    estimator = ProfileFit(data_note=", ".join(paths))
+    full = estimator.fit(run_set.runs, base)
+    held = leave_one_out(run_set.runs, base, estimator=estimator, full_fit=full)
+    seconds = time.perf_counter() - start
+    loo = accuracy_report(compare_held_out(held), "leave-one-out", base.describe())
+    as_is = accuracy_report(compare_as_is(run_set.runs, profile), "as-is, in-sample where fitted to these runs",
+                            profile.describe())
+    if args.json:
+        print(json.dumps({"runs": paths, "summary": run_set.summary(), "seconds": seconds,
+                          "leave_one_out": loo.to_dict(), "as_is": as_is.to_dict()}))
+        return 0
+    print(f"runs: {', '.join(Path(x).name for x in paths)}: {run_set.summary()}")
+    for line in run_set.skipped:
+        print(f"  unusable: {line}")
+    print(f"leave-one-out: {len(held)} refits in {seconds:.0f} s\n")
+    print(format_report(loo))
+    print()
+    print(format_report(as_is))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Run records -> MeasuredRuns (failed runs counted, not used), and the accuracy table's numbers."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from synthetic import synthetic_records, write_jsonl
+
+from advisor.accuracy import (Compared, RunDataError, accuracy_report, error_stats, format_report, rank_checks,
+                              read_records, to_run_set)
+from advisor.store import RunStore
+from calibration.harness.candidate import RunRecord
+from calibration.harness.result import RunResult
+from models.fit import MeasuredRun
+
+
+@pytest.fixture(scope="module")
+def records(small_specs):
+    return synthetic_records(small_specs[:6], failed=("oom", "crash", "timeout", "oom"))
+
+
+def test_store_records_become_runs_and_failures_are_counted(records, tmp_path):
+    first = records[0]
+    again = RunRecord(first.key, "2026-11-30T09:00:00+00:00", first.candidate,
+                      dataclasses.replace(first.result, step_time_s=first.result.step_time_s * 1.5))
+    no_time = RunRecord("nosteptime", "2026-11-29T12:00:00+00:00", records[1].candidate,
+                        RunResult(status="ok", gpu_meter="absent"))
+    with RunStore(tmp_path / "runs.db") as store:
+        store.add_runs(records + [again, no_time])
+    run_set = to_run_set(read_records(store=tmp_path / "runs.db"))
+    assert len(run_set.runs) == 6
+    assert run_set.failed == {"oom": 2, "crash": 1, "timeout": 1}
+    assert run_set.duplicates == 1
+    assert len(run_set.skipped) == 1 and "no measured step time" in run_set.skipped[0]
+    by_id = {r.run_id: r for r in run_set.runs}
+    assert by_id[first.key].step_time_s == pytest.approx(first.result.step_time_s * 1.5)  # the latest is kept
+    run = by_id[records[2].key]
+    assert isinstance(run, MeasuredRun)
+    assert run.gpu_energy_j == records[2].result.gpu_energy_j
+    assert run.peak_gpu_reserved_gib == records[2].result.peak_gpu_reserved_gib
+    assert run.strategy.label() == records[2].candidate.label
+    assert "2 oom" in run_set.summary() and "1 timeout" in run_set.summary()
+
+
+def test_jsonl_and_store_read_the_same(records, tmp_path):
+    write_jsonl(records, tmp_path / "runs.jsonl")
+    with RunStore(tmp_path / "runs.db") as store:
+        store.import_jsonl(tmp_path / "runs.jsonl")
+    a = to_run_set(read_records([tmp_path / "runs.jsonl"]))
+    b = to_run_set(read_records(store=tmp_path / "runs.db"))
+    assert sorted(r.run_id for r in a.runs) == sorted(r.run_id for r in b.runs)
+    assert a.failed == b.failed
+
+
+def test_unreadable_run_file_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"key": "x"}\n')
+    with pytest.raises(RunDataError, match="bad.jsonl:1"):
+        read_records([path])
+    with pytest.raises(RunDataError, match="not found"):
+        read_records([tmp_path / "missing.jsonl"])
+
+
+def _compared(run, time_s, energy_j, mem_gib, p_time, p_energy, p_mem):
+    measured = dataclasses.replace(run, step_time_s=time_s, gpu_energy_j=energy_j, peak_gpu_mem_gib=mem_gib)
+    return Compared(measured, p_time, p_energy, p_mem)
+
+
+def test_error_statistics_and_targets(small_runs):
+    r = small_runs[0]
+    compared = [
+        _compared(r, 1.0, 100.0, 10.0, 1.1, 100.0, 10.5),  # +10% time
+        _compared(r, 2.0, 200.0, 20.0, 1.8, 206.0, 20.0),  # -10% time, +3% energy
+        _compared(r, 4.0, 400.0, 40.0, 4.0, 400.0, 40.0),
+    ]
+    stats = error_stats(compared, "time")
+    assert stats.n == 3
+    assert stats.mape == pytest.approx(0.2 / 3)
+    assert stats.max_abs == pytest.approx(0.10)
+    assert stats.spearman == pytest.approx(1.0)
+    report = accuracy_report(compared, "as-is", "test")
+    verdict = {t.name: t.verdict for t in report.targets}
+    assert verdict["step time MAPE"] == "MISS"  # 6.7% > 5%
+    assert verdict["GPU energy MAPE"] == "PASS"  # 1%
+    assert verdict["worst step time error"] == "PASS"  # 10% < 15%
+    assert verdict["worst allocated GPU memory error"] == "PASS"  # 5%
+    text = format_report(report)
+    assert "MISS step time MAPE: 6.7%" in text and "PASS GPU energy MAPE: 1.0%" in text
+
+
+def test_energy_not_measured_is_not_counted_as_zero(small_runs):
+    r = small_runs[0]
+    compared = [_compared(r, 1.0, None, 10.0, 1.0, 120.0, 10.0)]
+    assert error_stats(compared, "energy").n == 0
+    target = {t.name: t for t in accuracy_report(compared, "as-is", "t").targets}["GPU energy MAPE"]
+    assert target.verdict == "n/a"
+
+
+def test_ranking_uses_energy_per_token(small_runs):
+    # Same group (qwen2.5-0.5b 4k, 1 GPU); the second run does twice the tokens per step.
+    a, b = small_runs[1], small_runs[2]
+    assert a.group == b.group
+    b = dataclasses.replace(b, strategy=dataclasses.replace(b.strategy, micro_batch=2))
+    # Measured per token: a 100, b 90 (best). Predicted per token: a 95, b 99 -> picks a: regret 11%.
+    tokens = a.workload.seq_len
+    compared = [_compared(a, 1.0, 100.0 * tokens, 1.0, 1.0, 95.0 * tokens, 1.0),
+                _compared(b, 1.0, 180.0 * tokens, 1.0, 1.0, 198.0 * tokens, 1.0)]
+    (check,) = rank_checks(compared)
+    assert check.regret == pytest.approx(100 / 90 - 1)
+    assert check.pick == a.strategy.label() and check.best == b.strategy.label()
+    verdict = {t.name: t.verdict for t in accuracy_report(compared, "as-is", "t").targets}
+    assert verdict["least-energy pick vs best measured (worst group)"] == "MISS"

@@ -1,0 +1,114 @@
+"""`advisor fit` and `advisor report` end to end on synthetic run files."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from synthetic import synthetic_records, write_jsonl
+
+from advisor.cli import main
+from models.fit import fitted_run_ids
+from models.profile import load_profile
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, small_specs, base):
+    folder = tmp_path_factory.mktemp("fit")
+    records = synthetic_records(small_specs[:9], noise=0.01, seed=7, failed=("oom", "crash", "timeout"))
+    write_jsonl(records, folder / "runs.jsonl")
+    write_jsonl([r for r in records if r.result.status != "ok"], folder / "failed.jsonl")
+    (folder / "base.json").write_text(base.to_json())
+    return folder, records
+
+
+@pytest.fixture(scope="module")
+def fitted(files):
+    folder, _ = files
+    result = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json",
+                 "--out", folder / "fitted.json", "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_fit_writes_a_fitted_profile_and_reports_leave_one_out(files, fitted):
+    folder, records = files
+    assert fitted["runs"]["used"] == 9
+    assert fitted["runs"]["failed"] == {"oom": 1, "crash": 1, "timeout": 1}
+    profile = load_profile(folder / "fitted.json")
+    assert profile.provenance.kind == "fitted"
+    assert fitted_run_ids(profile) == {r.key for r in records if r.result.status == "ok"}
+    assert "runs.jsonl" in profile.provenance.notes
+    names = {p["name"]: p for p in fitted["parameters"]}
+    eff = names["overheads.compute_efficiency"]
+    assert eff["informed"] and profile.overheads.compute_efficiency.value == pytest.approx(eff["value"])
+    loo = fitted["leave_one_out"]
+    assert loo["mode"] == "leave-one-out"
+    families = {f["family"]: f for f in loo["families"]}
+    assert families["all"]["n"] == 9 and families["all"]["step_time"]["mape"] is not None
+    assert sum(f["n"] for name, f in families.items() if name != "all") == 9
+    assert {t["verdict"] for t in loo["targets"]} <= {"PASS", "MISS", "n/a"}
+
+
+def test_fit_prints_tables(files):
+    folder, _ = files
+    result = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json",
+                 "--out", folder / "again.json", "--no-loo")
+    assert result.exit_code == 0, result.output
+    assert "9 runs used; failed, not used: 1 crash, 1 oom, 1 timeout" in result.output
+    assert "overheads.compute_efficiency" in result.output and "Accuracy" not in result.output
+
+
+def test_fit_without_successful_runs_is_a_one_line_error(files):
+    folder, _ = files
+    result = run("fit", "--runs", folder / "failed.jsonl", "--profile", folder / "base.json",
+                 "--out", folder / "never.json")
+    assert result.exit_code == 1
+    assert result.output.strip().startswith("Error: no successful runs")
+    assert "1 oom" in result.output
+    assert not (folder / "never.json").exists()
+
+
+def test_fit_without_runs_is_a_usage_error(files):
+    folder, _ = files
+    result = run("fit", "--profile", folder / "base.json", "--out", folder / "never.json")
+    assert result.exit_code == 2 and "--runs" in result.output
+
+
+def test_report_table_plot_and_in_sample_warning(files, fitted):
+    folder, _ = files
+    plot = folder / "accuracy.png"
+    result = run("report", "--runs", folder / "runs.jsonl", "--profile", folder / "fitted.json", "--plot", plot)
+    assert result.exit_code == 0, result.output
+    assert "in-sample: the profile was fitted to 9 of these runs" in result.output
+    assert "Targets:" in result.output and "step time MAPE" in result.output
+    data = plot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_report_json_against_an_unfitted_profile(files):
+    folder, _ = files
+    result = run("report", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["mode"] == "as-is"
+    assert len(out["runs"]) == 9
+    overall = out["families"][0]
+    # The datasheet start (efficiency 1, no overheads) is optimistic against this machine.
+    assert overall["step_time"]["mape"] > 0.05
+    assert all(r["predicted"]["step_time_s"] < r["measured"]["step_time_s"] for r in out["runs"])
+
+
+def test_report_rejects_a_plot_that_is_not_png(files):
+    folder, _ = files
+    result = run("report", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json", "--plot", "x.svg")
+    assert result.exit_code == 2 and "PNG" in result.output
+
+
+def test_commands_are_listed():
+    result = run("--help")
+    assert "fit" in result.output and "report" in result.output

@@ -1,0 +1,140 @@
+"""The profile fit: recovers constants it was given, keeps what the runs cannot inform,
+respects bounds, and writes an honest profile."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synthetic import TRUE_VALUES, synthetic_runs, true_profile
+
+from models.fit import (FitParameter, MeasuredRun, ProfileFit, RunEvaluator, fitted_run_ids, get_value,
+                        with_values)
+from models.predict import predict
+from models.profile import parse_profile
+
+# Tolerances for 52 runs with 0.5% noise, started from the gh200 datasheet values (efficiencies
+# 1.0, overheads 0, powers 680/205/410/590 W): what the sweep's mix of runs pins down well.
+TOLERANCE = {
+    "overheads.compute_efficiency": 0.01,
+    "overheads.comm_efficiency": 0.08,
+    "overheads.step": 0.005,
+    "overheads.micro_step": 0.003,
+    "overheads.zero3_module_pass": 2e-5,
+    "overheads.offload_step_per_gparam": 0.03,
+    "power.gpu.compute": 8.0,
+    "power.gpu.wait": 5.0,
+    "power.gpu.memory_bound": 40.0,
+}
+
+
+def test_evaluator_matches_predict(small_runs, base):
+    got = RunEvaluator(small_runs)(base)
+    for i, run in enumerate(small_runs):
+        p = predict(run.workload, run.strategy, base)
+        assert got.step_time_s[i] == pytest.approx(p.step_time_s, rel=1e-12)
+        assert got.gpu_energy_j[i] == pytest.approx(p.gpu_energy_j, rel=1e-12)
+        assert got.allocated_gpu_mem_gib[i] == pytest.approx(p.allocated_gpu_mem_gib, rel=1e-12)
+
+
+def test_fit_recovers_known_constants(full_fit, base):
+    for name, tol in TOLERANCE.items():
+        fitted = full_fit.parameters_[name]
+        assert fitted.informed, name
+        assert abs(fitted.start - TRUE_VALUES[name]) > tol, f"{name} starts inside the tolerance: test proves nothing"
+        assert fitted.value == pytest.approx(TRUE_VALUES[name], abs=tol), name
+    assert full_fit.fragmentation_ == pytest.approx(0.12, abs=1e-9)  # reserved = 1.12 x allocated
+
+
+def test_fitted_predictions_match_the_true_machine(full_fit, all_runs):
+    truth = RunEvaluator(all_runs)(true_profile())
+    fitted = RunEvaluator(all_runs)(full_fit.profile_)
+    assert np.max(np.abs(fitted.step_time_s / truth.step_time_s - 1)) < 0.01
+    assert np.max(np.abs(fitted.gpu_energy_j / truth.gpu_energy_j - 1)) < 0.01
+
+
+def test_fitted_profile_is_honest_about_its_origin(full_fit, base, all_runs):
+    p = full_fit.profile_
+    assert p.provenance.kind == "fitted"
+    assert f"{len(all_runs)} measured runs" in p.provenance.notes
+    assert fitted_run_ids(p) == {r.run_id for r in all_runs}
+    assert base.provenance.notes in p.provenance.notes  # the chain is kept
+    for name, f in full_fit.parameters_.items():
+        q = p
+        for key in name.split("."):
+            q = getattr(q, key)
+        if f.informed:
+            assert q.source.startswith("fitted:"), name
+            assert q.value == pytest.approx(f.value)
+        else:
+            assert q.value == get_value(base, name)
+    assert p.memory.fragmentation.source.startswith("fitted:")
+    assert p.gpu.gemm_bf16 == base.gpu.gemm_bf16  # what the fit does not touch stays
+    assert parse_profile(p.model_dump(), "fitted") == p  # strict schema still holds
+
+
+def test_constants_no_run_informs_are_kept(specs, base):
+    # Single-GPU ZeRO-1/2 runs without offload: nothing informs the ZeRO-3 hooks, the offload
+    # step, communication or contention.
+    chosen = [s for s in specs if s["strategy"]["zero_stage"] in (1, 2) and s["strategy"]["gpus"] == 1
+              and s["strategy"]["offload_optimizer"] == "none" and s["model"] == "qwen2.5-0.5b"]
+    runs = synthetic_runs(noise=0.005, seed=4, specs=chosen)
+    model = ProfileFit().fit(runs, base)
+    for name in ("overheads.zero3_module_pass", "overheads.offload_step_per_gparam",
+                 "overheads.comm_efficiency", "overlap.compute_slowdown_with_collective", "power.gpu.collective"):
+        f = model.parameters_[name]
+        assert not f.informed, name
+        assert f.value == get_value(base, name)
+        q = model.profile_
+        for key in name.split("."):
+            q = getattr(q, key)
+        assert not q.source.startswith("fitted"), name
+    assert model.parameters_["overheads.compute_efficiency"].informed
+    assert "Not informed by these runs, kept:" in model.profile_.provenance.notes
+
+
+def test_bounds_hold_when_the_truth_is_outside_them(small_specs, base):
+    # A machine at 20% compute efficiency: below the bound of 0.3, so the fit must stop there.
+    runs = synthetic_runs(true_profile({**TRUE_VALUES, "overheads.compute_efficiency": 0.2}), noise=0.0,
+                          specs=small_specs)
+    params = (FitParameter("overheads.compute_efficiency", 0.3, 1.2, 0.1, "time"),
+              FitParameter("overheads.step", 0.0, 5.0, 0.05, "time"))
+    model = ProfileFit(parameters=params).fit(runs, base)
+    assert model.parameters_["overheads.compute_efficiency"].value == pytest.approx(0.3, abs=1e-6)
+    assert 0.0 <= model.parameters_["overheads.step"].value <= 5.0
+
+
+def test_one_disturbed_run_does_not_drag_the_fit(small_specs, base):
+    runs = synthetic_runs(noise=0.005, seed=5, specs=small_specs)
+    runs[3] = MeasuredRun(runs[3].workload, runs[3].strategy, runs[3].step_time_s * 2.0, runs[3].gpu_energy_j,
+                          runs[3].peak_gpu_mem_gib, run_id="disturbed")
+    robust = ProfileFit().fit(runs, base).parameters_["overheads.compute_efficiency"].value
+    plain = ProfileFit(loss="linear").fit(runs, base).parameters_["overheads.compute_efficiency"].value
+    truth = TRUE_VALUES["overheads.compute_efficiency"]
+    assert abs(robust - truth) < 0.02
+    assert abs(robust - truth) < abs(plain - truth)
+
+
+def test_no_runs_is_an_error(base):
+    with pytest.raises(ValueError, match="no measured runs"):
+        ProfileFit().fit([], base)
+
+
+def test_with_values_validates_on_request(base):
+    p = with_values(base, {"overheads.step": 0.25}, {"overheads.step": "fitted: test"}, validate=True)
+    assert p.overheads.step.value == 0.25 and p.overheads.step.source == "fitted: test"
+    assert p.overheads.step.unit == "s"
+
+
+def test_prefit_profile_undoes_the_fit(full_fit, base):
+    from models.fit import prefit_profile
+
+    assert prefit_profile(full_fit.profile_) == base
+    assert prefit_profile(base) is base
+
+
+def test_refitting_a_fitted_profile_starts_from_the_prefit_values(small_runs, base):
+    once = ProfileFit().fit(small_runs, base)
+    twice = ProfileFit().fit(small_runs, once.profile_)
+    for name, f in twice.parameters_.items():
+        assert f.start == once.parameters_[name].start  # not the first fit's values
+        assert f.value == pytest.approx(once.parameters_[name].value, rel=1e-9, abs=1e-12)
+    assert twice.profile_.provenance.notes.count("Before the fit:") == 1  # fits never stack
