@@ -86,6 +86,13 @@ def _model_name(model: str) -> str:
     return Path(model).stem if model.endswith(".json") else model
 
 
+def _label(c, strategy) -> str:
+    """Sweep labels already start with the model and context; others get them."""
+    name = _model_name(c.model)
+    label = c.label or strategy.label()
+    return label if label.startswith(name) else f"{name} {c.seq_len} {label}"
+
+
 def to_measured_run(record: RunRecord) -> MeasuredRun:
     """One ok record as a MeasuredRun; ValueError saying why when it cannot be one."""
     from models.architecture import load_architecture
@@ -109,7 +116,7 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
                         train_vision=not c.freeze_vision)
     energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
     return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
-                       r.peak_gpu_reserved_gib, run_id=record.key, label=f"{_model_name(c.model)} {c.seq_len} {c.label}")
+                       r.peak_gpu_reserved_gib, run_id=record.key, label=_label(c, strategy))
 
 
 def to_run_set(records: list[RunRecord]) -> RunSet:

@@ -65,19 +65,27 @@ def _runs_summary(run_set) -> dict:
               help="Where to write the fitted profile (JSON).")
 @click.option("--loo/--no-loo", default=True, show_default=True,
               help="Report leave-one-out error (one refit per run; about a second each).")
+@click.option("--prior-strength", "prior_text", default="cv", show_default=True,
+              help="How strongly constants stay at their starting values: a number, or 'cv' to pick "
+                   "0.001, 0.01 or 0.1 by 5-fold cross-validation.")
 @click.option("--residual/--no-residual", default=False, show_default=True,
               help="Also check a scikit-learn residual model and its 90% band, leave-one-out.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def fit(run_paths, store_path, profile, out_path, loo, residual, as_json):
+def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, as_json):
     """Fit the profile's efficiency, overlap, overhead and power constants to measured runs and
     write the refined profile; print leave-one-out error per strategy family."""
     from advisor.accuracy import accuracy_report, compare_held_out, format_report, residual_check
-    from models.fit import ProfileFit, leave_one_out
+    from models.fit import ProfileFit, leave_one_out, prefit_profile
     from models.profile import load_profile
 
     run_set = _run_set(run_paths, store_path)
-    base = load_profile(profile)
-    model = ProfileFit(data_note=_sources(run_paths, store_path)).fit(run_set.runs, base)
+    base = prefit_profile(load_profile(profile))
+    strength, scores = _prior_strength(prior_text, run_set.runs, base)
+    note = _sources(run_paths, store_path)
+    if scores:
+        note += "; prior strength chosen by cross-validation, mean |log error| " + ", ".join(
+            f"{k:g}: {v:.3f}" for k, v in scores.items())
+    model = ProfileFit(prior_strength=strength, data_note=note).fit(run_set.runs, base)
     out = Path(out_path)
     _write_profile(model.profile_, out)
     rows = _parameter_rows(model)
@@ -90,12 +98,16 @@ def fit(run_paths, store_path, profile, out_path, loo, residual, as_json):
     if as_json:
         click.echo(json.dumps({
             "profile_out": str(out), "base_profile": base.describe(), "runs": _runs_summary(run_set),
+            "prior_strength": strength, "cross_validation": {str(k): v for k, v in scores.items()},
             "parameters": rows, "fragmentation": model.fragmentation_,
             "leave_one_out": report.to_dict() if report else None,
             "residual": [vars(c) for c in checks] if checks is not None else None,
         }))
         return
     click.echo(f"Fitted {base.describe()} to {run_set.summary()}; wrote {out}")
+    if scores:
+        click.echo("prior strength by 5-fold cross-validation (mean |log error|): "
+                   + ", ".join(f"{k:g}: {v:.3f}" for k, v in scores.items()) + f"; chose {strength:g}")
     for line in run_set.skipped:
         click.echo(f"  unusable: {line}")
     click.echo(_format_parameters(rows, model.fragmentation_))
@@ -106,6 +118,23 @@ def fit(run_paths, store_path, profile, out_path, loo, residual, as_json):
         click.echo(f"residual model, {c.metric} (leave-one-out, {c.n} runs): MAPE {c.mape_before:.1%} -> "
                    f"{c.mape_after:.1%}, worst {c.max_after:.1%}; {c.level:.0%} band held {c.coverage:.0%}, "
                    f"median half-width {c.median_half_width:.1%}")
+
+
+def _prior_strength(text: str, runs, base) -> tuple[float, dict]:
+    """A number as given, or 'cv': chosen by cross-validation (with 4 runs or more)."""
+    from models.fit import ProfileFit, choose_prior_strength
+
+    if text != "cv":
+        try:
+            value = float(text)
+        except ValueError:
+            raise click.UsageError(f"bad --prior-strength '{text}': give a number >= 0 or 'cv'") from None
+        if value < 0:
+            raise click.UsageError(f"bad --prior-strength '{text}': give a number >= 0 or 'cv'")
+        return value, {}
+    if len(runs) < 4:
+        return ProfileFit().prior_strength, {}
+    return choose_prior_strength(runs, base)
 
 
 def _in_sample(profile, runs) -> int:
@@ -167,14 +196,16 @@ def accuracy_plot(report, path: str | Path) -> Path:
 @click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None, help="SQLite run store to read too.")
 @click.option("--profile", required=True, help="Profile to evaluate: shipped name or JSON path.")
 @click.option("--loo", is_flag=True, help="Refit from --profile without each run in turn (the honest error).")
+@click.option("--prior-strength", "prior_text", default="cv", show_default=True,
+              help="With --loo: as for advisor fit.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the predicted-against-measured plot (PNG) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def report(run_paths, store_path, profile, loo, plot_path, as_json):
+def report(run_paths, store_path, profile, loo, prior_text, plot_path, as_json):
     """Accuracy of a profile on measured runs: step time and GPU energy MAPE, worst error, rank
     correlation, memory, per strategy family, against the targets."""
     from advisor.accuracy import accuracy_report, compare_as_is, compare_held_out, format_report
-    from models.fit import ProfileFit, leave_one_out
+    from models.fit import ProfileFit, leave_one_out, prefit_profile
     from models.profile import load_profile
 
     if plot_path and not plot_path.lower().endswith(".png"):
@@ -182,8 +213,10 @@ def report(run_paths, store_path, profile, loo, plot_path, as_json):
     run_set = _run_set(run_paths, store_path)
     prof = load_profile(profile)
     if loo:
-        held = leave_one_out(run_set.runs, prof, estimator=ProfileFit())
-        result = accuracy_report(compare_held_out(held), "leave-one-out", prof.describe())
+        base = prefit_profile(prof)
+        strength, _ = _prior_strength(prior_text, run_set.runs, base)
+        held = leave_one_out(run_set.runs, base, estimator=ProfileFit(prior_strength=strength))
+        result = accuracy_report(compare_held_out(held), f"leave-one-out, prior strength {strength:g}", base.describe())
         note = ""
     else:
         seen = _in_sample(prof, run_set.runs)

@@ -191,7 +191,7 @@ class ProfileFit:
     def __init__(self, parameters: tuple[FitParameter, ...] | None = None, prior_strength: float = 1e-3,
                  loss: str = "soft_l1", f_scale: float = 0.1, max_nfev: int | None = None, tol: float = 1e-8,
                  min_effect: float = 1e-3, uninformed: str = "keep", fit_fragmentation: bool = True,
-                 data_note: str = ""):
+                 energy_target: str = "power", data_note: str = ""):
         self.parameters = parameters
         self.prior_strength = prior_strength
         self.loss = loss
@@ -201,22 +201,32 @@ class ProfileFit:
         self.min_effect = min_effect
         self.uninformed = uninformed
         self.fit_fragmentation = fit_fragmentation
+        self.energy_target = energy_target
         self.data_note = data_note
 
     def get_params(self) -> dict:
         return {k: getattr(self, k) for k in ("parameters", "prior_strength", "loss", "f_scale", "max_nfev", "tol",
-                                              "min_effect", "uninformed", "fit_fragmentation", "data_note")}
+                                              "min_effect", "uninformed", "fit_fragmentation", "energy_target", "data_note")}
 
-    @staticmethod
-    def _residual_functions(runs: list[MeasuredRun]) -> dict[str, tuple[np.ndarray, Callable]]:
-        """For "time" and "energy": (which runs have that measurement, residuals(profile) over them)."""
+    def _residual_functions(self, runs: list[MeasuredRun]) -> dict[str, tuple[np.ndarray, Callable]]:
+        """For "time" and "energy": (which runs have that measurement, residuals(profile) over them).
+
+        With `energy_target="power"` the energy residual is of average power (energy / step time,
+        predicted against measured), so phase powers are not bent to make up for time errors."""
         evaluate = RunEvaluator(runs)
         measured_t = np.array([r.step_time_s for r in runs], dtype=float)
         has_e = np.array([r.gpu_energy_j is not None and r.gpu_energy_j > 0 for r in runs])
         measured_e = np.array([r.gpu_energy_j if h else 1.0 for r, h in zip(runs, has_e)], dtype=float)
+        if self.energy_target == "power":
+            def energy(p):
+                pred = evaluate(p)
+                return log_ratio(pred.gpu_energy_j[has_e] / pred.step_time_s[has_e], (measured_e / measured_t)[has_e])
+        else:
+            def energy(p):
+                return log_ratio(evaluate(p).gpu_energy_j[has_e], measured_e[has_e])
         return {
             "time": (np.ones(len(runs), dtype=bool), lambda p: log_ratio(evaluate(p).step_time_s, measured_t)),
-            "energy": (has_e, lambda p: log_ratio(evaluate(p).gpu_energy_j[has_e], measured_e[has_e])),
+            "energy": (has_e, energy),
         }
 
     def effects(self, runs: list[MeasuredRun], profile: HardwareProfile) -> dict[str, np.ndarray]:
@@ -335,7 +345,7 @@ class ProfileFit:
         notes = (f"Fitted by advisor fit on {date} from profile '{base.name}' ({p.kind}, {p.date}) to {n} measured "
                  f"runs{' from ' + self.data_note if self.data_note else ''} (ids: {ids}). Time constants are fitted "
                  "to step time, GPU power per phase to GPU energy (bounded log-ratio least squares, soft-L1 loss, "
-                 "weak prior towards the starting values). "
+                 f"prior towards the starting values of strength {self.prior_strength:g}). "
                  + (f"Not informed by these runs, kept: {', '.join(kept)}. " if kept else "")
                  + f"{_NOTES_BEFORE}{p.notes}")
         provenance = p.model_copy(update={"kind": "fitted", "date": date, "notes": notes})
@@ -420,18 +430,16 @@ class HeldOutPrediction:
 
 
 def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit | None = None,
-                  full_fit: ProfileFit | None = None, max_nfev: int | None = 2, tol: float = 1e-5
+                  full_fit: ProfileFit | None = None, max_nfev: int | None = None, tol: float = 1e-5
                   ) -> list[HeldOutPrediction]:
     """Refit without each run in turn and predict it: the honest estimate of error on new runs.
 
     Each refit starts the optimizer from the full fit's values (the prior stays centred on
-    `base_profile`, so nothing of the held-out run leaks in) and stops after `max_nfev`
-    evaluations: one run less moves the optimum little, and from the full fit's values two
-    evaluations (one Gauss-Newton step per stage) agreed with a refit to convergence within
-    0.1% on synthetic runs with 3% noise (tests/fit). Which constants a fold's runs
-    inform comes from one probe of all runs at the full fit's values, less the held-out run: a
-    family measured once is predicted, when held out, with the constants it alone informed at
-    their starting values."""
+    `base_profile`, so nothing of the held-out run leaks in) and runs to convergence: with a
+    dozen real runs, one run can move a constant far (tests/fit compares with cold refits).
+    Which constants a fold's runs inform comes from one probe of all runs at the full fit's
+    values, less the held-out run: a family measured once is predicted, when held out, with
+    the constants it alone informed at their starting values."""
     base_profile = prefit_profile(base_profile)
     settings = (estimator or ProfileFit()).get_params()
     if full_fit is None:
@@ -443,13 +451,46 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
     out = []
     for i, held in enumerate(runs):
         others = runs[:i] + runs[i + 1:]
-        if not others:
-            model_profile = base_profile
-        else:
-            informed = {name: e for name, e in effects.items()
-                        if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
-            model_profile = ProfileFit(**settings).fit(others, base_profile, warm_start=warm,
-                                                       informed=set(informed)).profile_
+        model_profile = base_profile
+        if others:
+            informed = {name for name, e in effects.items() if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
+            model_profile = fold_model.fit(others, base_profile, warm_start=warm, informed=informed).profile_
         p = predict(held.workload, held.strategy, model_profile)
         out.append(HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile))
     return out
+
+
+PRIOR_GRID = (1e-3, 1e-2, 1e-1)
+
+
+def cross_validated_error(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit,
+                          folds: int = 5, seed: int = 0) -> float:
+    """Mean |log error| of step time and GPU energy on runs held out `folds` at a time."""
+    order = np.random.default_rng(seed).permutation(len(runs))
+    errors = []
+    for k in range(folds):
+        held = set(order[k::folds].tolist())
+        train = [r for i, r in enumerate(runs) if i not in held]
+        if not held or not train:
+            continue
+        profile = ProfileFit(**estimator.get_params()).fit(train, base_profile).profile_
+        for i in held:
+            p = predict(runs[i].workload, runs[i].strategy, profile)
+            errors.append(abs(np.log(p.step_time_s / runs[i].step_time_s)))
+            if runs[i].gpu_energy_j:
+                errors.append(abs(np.log(p.gpu_energy_j / runs[i].gpu_energy_j)))
+    return float(np.mean(errors))
+
+
+def choose_prior_strength(runs: list[MeasuredRun], base_profile: HardwareProfile, grid=PRIOR_GRID, folds: int = 5,
+                          estimator: ProfileFit | None = None) -> tuple[float, dict[float, float]]:
+    """The prior strength of `grid` with the least k-fold cross-validated error, and every score.
+
+    How far the runs may pull constants from their measured starting values is the one choice
+    the fit cannot make from its own residuals; held-out runs make it."""
+    settings = (estimator or ProfileFit()).get_params()
+    scores = {}
+    for strength in grid:
+        model = ProfileFit(**{**settings, "prior_strength": strength})
+        scores[strength] = cross_validated_error(runs, base_profile, model, folds=min(folds, len(runs)))
+    return min(scores, key=scores.get), scores

@@ -66,7 +66,8 @@ def test_short_steps_are_repeated_until_the_window_is_long_enough(tmp_path, tiny
     result = run_candidate(Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(2)), tmp_path,
                            RunSettings(warmup=1, steps=1, min_window_s=0.5, max_steps=500))
     check_measured(result, steps=result.measured_steps, world=1)
-    assert result.measured_steps > 1 and result.window_s >= 0.5
+    assert result.window_s >= 0.5
+    assert result.measured_steps > 1 or result.step_times_s[0] >= 0.5  # one step suffices only if that long
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ not DeepSpeed."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -15,15 +14,9 @@ from harness_helpers import TINY_VL
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, config: dict, vision: dict, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank))
+def _worker(rank: int, rendezvous: str, config: dict, vision: dict, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)  # two ranks on a shared 2-core machine
     import deepspeed
     from deepspeed import comm as dist
     from deepspeed.runtime.sequence_parallel import parallel_state_sp as mpu
@@ -34,7 +27,9 @@ def _worker(rank: int, port: int, config: dict, vision: dict, out):
     from models.architecture import architecture_from_config
     from models.workload import Workload
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    # A file rendezvous: no TCP port to lose to another process on a shared machine.
+    deepspeed.init_distributed(dist_backend="gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2,
+                               auto_mpi_discovery=False)
     mpu.initialize_sequence_parallel(2)
     group = mpu.get_sequence_parallel_group()
     arch = architecture_from_config(config, "tiny")
@@ -64,13 +59,14 @@ def _worker(rank: int, port: int, config: dict, vision: dict, out):
     dist.barrier()
 
 
-def test_two_sequence_shards_give_the_loss_and_gradients_of_one():
+def test_two_sequence_shards_give_the_loss_and_gradients_of_one(tmp_path):
     # Video: 3 groups of 16 tokens at 0, 21, 42; the one at 21 straddles the shard border at 32.
     # Text attention, RoPE offsets and GQA are exercised on the same run.
     config, vision = TINY_VL, {"frames": 6, "image_size": 32}
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(_free_port(), config, vision, out), nprocs=2, join=True, start_method="spawn")
+    rendezvous = str(tmp_path / "rendezvous")
+    mp.start_processes(_worker, args=(rendezvous, config, vision, out), nprocs=2, join=True, start_method="spawn")
     got = out.get()
     assert abs(got["full"] - got["sharded"]) < 1e-4, got
     assert got["grad_diff"] < 1e-4, got
