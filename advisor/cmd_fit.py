@@ -35,6 +35,27 @@ def _write_profile(profile, out: Path) -> None:
     tmp.replace(out)
 
 
+def _write_residual(model, runs, path: Path, profile_path: Path) -> None:
+    """Residual models of step time and GPU energy on the fitted profile, with what they saw."""
+    from models.fit import RunEvaluator
+    from models.residual import ResidualModel
+
+    predictions = RunEvaluator(runs)(model.profile_)
+    models = {}
+    for metric in ("step_time_s", "gpu_energy_j"):
+        try:
+            models[metric] = ResidualModel(metric).fit(runs, predictions).to_dict()
+        except ValueError as exc:
+            models[metric] = {"not_fitted": str(exc)}
+    data = {"kind": "energy-advisor residual model", "version": 1, "profile": str(profile_path),
+            "run_ids": [r.run_id for r in runs], "models": models,
+            "note": "Gaussian process on log(measured / predicted) of the fitted profile's in-sample predictions; "
+                    "the band is at 'level'. Fitted on in-sample residuals, which are smaller than on new runs: "
+                    "advisor fit --residual reports how often the band held, leave-one-out."}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def _parameter_rows(model) -> list[dict]:
     return [{"name": f.name, "fitted_to": f.kind, "start": f.start, "value": f.value, "std": f.std,
              "informed": f.informed} for f in model.parameters_.values()]
@@ -70,11 +91,18 @@ def _runs_summary(run_set) -> dict:
                    "0.001, 0.01 or 0.1 by 5-fold cross-validation.")
 @click.option("--residual/--no-residual", default=False, show_default=True,
               help="Also check a scikit-learn residual model and its 90% band, leave-one-out.")
+@click.option("--residual-out", "residual_out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the residual models (step time, GPU energy) fitted to all runs here (JSON).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, as_json):
+def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, residual_out, as_json):
     """Fit the profile's efficiency, overlap, overhead and power constants to measured runs and
     write the refined profile; print leave-one-out error per strategy family."""
-    from advisor.accuracy import accuracy_report, compare_held_out, format_report, residual_check
+    from advisor.accuracy import (
+        accuracy_report,
+        compare_held_out,
+        format_report,
+        residual_check,
+    )
     from models.fit import ProfileFit, leave_one_out, prefit_profile
     from models.profile import load_profile
 
@@ -89,6 +117,8 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, as_
     out = Path(out_path)
     _write_profile(model.profile_, out)
     rows = _parameter_rows(model)
+    if residual_out:
+        _write_residual(model, run_set.runs, Path(residual_out), out)
     report = checks = None
     if loo:
         held = leave_one_out(run_set.runs, base, estimator=model, full_fit=model)
@@ -151,6 +181,7 @@ def accuracy_plot(report, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     panels = (("time", "step time (s)", lambda c: (c.run.step_time_s, c.step_time_s)),
               ("energy", "GPU energy per step (J)", lambda c: (c.run.gpu_energy_j, c.gpu_energy_j)),
@@ -175,6 +206,8 @@ def accuracy_plot(report, path: str | Path) -> Path:
                 ax.plot([lo, hi], [lo * (1 - band), hi * (1 - band)], style, color="0.6", linewidth=0.8)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):  # minor labels collide on short ranges
+                axis.set_minor_formatter(NullFormatter())
         stats = getattr(overall, metric)
         mape = "-" if stats.mape is None else f"{stats.mape:.1%}"
         ax.set_title(f"{title}: MAPE {mape}", fontsize=10)
@@ -204,7 +237,12 @@ def accuracy_plot(report, path: str | Path) -> Path:
 def report(run_paths, store_path, profile, loo, prior_text, plot_path, as_json):
     """Accuracy of a profile on measured runs: step time and GPU energy MAPE, worst error, rank
     correlation, memory, per strategy family, against the targets."""
-    from advisor.accuracy import accuracy_report, compare_as_is, compare_held_out, format_report
+    from advisor.accuracy import (
+        accuracy_report,
+        compare_as_is,
+        compare_held_out,
+        format_report,
+    )
     from models.fit import ProfileFit, leave_one_out, prefit_profile
     from models.profile import load_profile
 

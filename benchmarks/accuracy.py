@@ -22,10 +22,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from advisor.accuracy import (accuracy_report, compare_as_is, compare_held_out, format_report,  # noqa: E402
-                              read_records, to_run_set)
-from models.fit import ProfileFit, choose_prior_strength, leave_one_out, prefit_profile  # noqa: E402
-from models.profile import load_profile  # noqa: E402
+from advisor.accuracy import (
+    accuracy_report,
+    compare_as_is,
+    compare_held_out,
+    format_report,
+    read_records,
+    to_run_set,
+)
+from models.fit import ProfileFit, choose_prior_strength, leave_one_out, prefit_profile
+from models.profile import load_profile
 
 
 def main(argv=None) -> int:

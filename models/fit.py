@@ -4,20 +4,21 @@ The structure of the cost model stays fixed; only a few physically meaningful co
 each inside bounds (an efficiency in [0.3, 1.2], a power between half the idle draw and the
 cap, an overhead of seconds or less). Two stages, because the constants split cleanly:
 time constants are fitted to measured step times first; then GPU power per phase is fitted to
-measured GPU energy with the fitted timing held fixed (power never changes time).
+measured average GPU power (energy / step time) with the fitted timing held fixed, so power
+constants stay powers instead of absorbing what the timing gets wrong.
 
 Residuals are log ratios, so a 0.3 s run counts as much as a 30 s one, and a soft-L1 loss keeps
-one disturbed run from dragging every constant. A weak prior pulls each constant towards its
+one disturbed run from dragging every constant. A prior pulls each constant towards its
 starting value (`FitParameter.scale` is how far it may plausibly move): constants the runs say
-little about stay where the microbenchmarks or datasheet put them, and a handful of runs cannot
-fit noise. `leave_one_out` refits without each run in turn: that error, not the training error,
-is the number of record.
+little about stay where the microbenchmarks or datasheet put them. How strong that prior is,
+cross-validation decides (`choose_prior_strength`). `leave_one_out` refits without each run in
+turn: that error, not the training error, is the number of record.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from datetime import datetime, timezone
 
 import numpy as np
@@ -241,14 +242,14 @@ class ProfileFit:
                 out.update({p.name: np.zeros(len(runs)) for p in stage})
                 continue
             x0 = np.array([get_value(profile, p.name) for p in stage])
-            rows = _probe(stage, x0, lambda x: with_values(profile, {p.name: v for p, v in zip(stage, x)}), residuals)
+            rows = _probe(stage, x0, lambda x, s=stage: with_values(profile, {p.name: v for p, v in zip(s, x)}), residuals)
             for j, p in enumerate(stage):
                 out[p.name] = np.zeros(len(runs))
                 out[p.name][mask] = rows[:, j]
         return out
 
     def fit(self, runs: list[MeasuredRun], base_profile: HardwareProfile, warm_start: dict[str, float] | None = None,
-            informed: set[str] | None = None) -> "ProfileFit":
+            informed: set[str] | None = None) -> ProfileFit:
         """Fit to `runs`, starting from `base_profile` (also the prior's centre). `warm_start` only
         moves the optimizer's starting point (a full fit's values, for leave-one-out); `informed`
         names the constants the runs inform, when already known (else each is probed)."""

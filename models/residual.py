@@ -16,9 +16,9 @@ import warnings
 
 import numpy as np
 from scipy.stats import norm
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import StandardScaler
 
 from models.fit import MeasuredRun, RunPredictions
@@ -74,7 +74,7 @@ class ResidualModel:
         predicted = getattr(predictions, self.metric)
         return np.log(measured / predicted)
 
-    def fit(self, runs: list[MeasuredRun], predictions: RunPredictions) -> "ResidualModel":
+    def fit(self, runs: list[MeasuredRun], predictions: RunPredictions) -> ResidualModel:
         """Learn log(measured / predicted) of `runs` under the fitted profile's `predictions`."""
         y = self._targets(runs, predictions)
         ok = np.isfinite(y)
@@ -100,3 +100,33 @@ class ResidualModel:
         base = getattr(predictions, self.metric)
         z = norm.ppf(0.5 + self.level / 2)
         return base * np.exp(mean), base * np.exp(mean - z * std), base * np.exp(mean + z * std)
+
+    def to_dict(self) -> dict:
+        """JSON-able: settings, the training rows and the fitted kernel; `from_dict` rebuilds the
+        same predictions (the GP is refitted on these rows with the kernel held fixed)."""
+        k = self.gp_.kernel_
+        return {
+            "metric": self.metric, "level": self.level, "prior_std": self.prior_std, "features": list(FEATURES),
+            "x_mean": self.scaler_.mean_.tolist(), "x_scale": self.scaler_.scale_.tolist(),
+            "x_train": self.gp_.X_train_.tolist(), "y_train": self.gp_.y_train_.tolist(),
+            "kernel": {"signal_variance": float(k.k1.k1.constant_value), "length_scale": float(k.k1.k2.length_scale),
+                       "noise_variance": float(k.k2.noise_level)},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ResidualModel:
+        if data["features"] != list(FEATURES):
+            raise ValueError(f"residual model built on features {data['features']}, this version has {list(FEATURES)}")
+        model = cls(data["metric"], data["level"], data["prior_std"])
+        model.scaler_ = StandardScaler()
+        model.scaler_.mean_ = np.asarray(data["x_mean"])
+        model.scaler_.scale_ = np.asarray(data["x_scale"])
+        model.scaler_.var_ = model.scaler_.scale_**2
+        model.scaler_.n_features_in_ = len(FEATURES)
+        kern = data["kernel"]
+        kernel = (ConstantKernel(kern["signal_variance"], "fixed") * RBF(kern["length_scale"], "fixed")
+                  + WhiteKernel(kern["noise_variance"], "fixed"))
+        model.gp_ = GaussianProcessRegressor(kernel, normalize_y=False, optimizer=None).fit(
+            np.asarray(data["x_train"]), np.asarray(data["y_train"]))
+        model.n_runs_ = len(data["y_train"])
+        return model

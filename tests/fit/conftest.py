@@ -8,9 +8,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from synthetic import base_profile, sweep_specs, synthetic_runs  # noqa: E402
+from synthetic import base_profile, sweep_specs, synthetic_runs
 
-from models.fit import ProfileFit  # noqa: E402
+from models.fit import ProfileFit
 
 # Two workloads (qwen2.5-1.5b at 8k, qwen2.5-0.5b at 4k), 16 runs: every ZeRO stage, sync and
 # asynchronous optimizer offload, parameter offload, one and two GPUs. Cheap to refit.

@@ -6,8 +6,16 @@ import dataclasses
 import pytest
 from synthetic import synthetic_records, write_jsonl
 
-from advisor.accuracy import (Compared, RunDataError, accuracy_report, error_stats, format_report, rank_checks,
-                              read_records, to_run_set)
+from advisor.accuracy import (
+    Compared,
+    RunDataError,
+    accuracy_report,
+    error_stats,
+    format_report,
+    rank_checks,
+    read_records,
+    to_run_set,
+)
 from advisor.store import RunStore
 from calibration.harness.candidate import RunRecord
 from calibration.harness.result import RunResult

@@ -10,6 +10,7 @@ from synthetic import synthetic_records, write_jsonl
 from advisor.cli import main
 from models.fit import fitted_run_ids
 from models.profile import load_profile
+from models.residual import ResidualModel
 
 
 def run(*args):
@@ -38,6 +39,9 @@ def fitted(files):
 def test_fit_writes_a_fitted_profile_and_reports_leave_one_out(files, fitted):
     folder, records = files
     assert fitted["runs"]["used"] == 9
+    assert set(fitted["cross_validation"]) == {"0.001", "0.01", "0.1"}
+    best = min(fitted["cross_validation"], key=fitted["cross_validation"].get)
+    assert fitted["prior_strength"] == float(best)
     assert fitted["runs"]["failed"] == {"oom": 1, "crash": 1, "timeout": 1}
     profile = load_profile(folder / "fitted.json")
     assert profile.provenance.kind == "fitted"
@@ -57,8 +61,12 @@ def test_fit_writes_a_fitted_profile_and_reports_leave_one_out(files, fitted):
 def test_fit_prints_tables(files):
     folder, _ = files
     result = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json",
-                 "--out", folder / "again.json", "--no-loo")
+                 "--out", folder / "again.json", "--no-loo", "--prior-strength", "0.001",
+                 "--residual-out", folder / "residual.json")
     assert result.exit_code == 0, result.output
+    saved = json.loads((folder / "residual.json").read_text())
+    assert len(saved["run_ids"]) == 9
+    ResidualModel.from_dict(saved["models"]["step_time_s"])  # loads back
     assert "9 runs used; failed, not used: 1 crash, 1 oom, 1 timeout" in result.output
     assert "overheads.compute_efficiency" in result.output and "Accuracy" not in result.output
 
@@ -71,6 +79,13 @@ def test_fit_without_successful_runs_is_a_one_line_error(files):
     assert result.output.strip().startswith("Error: no successful runs")
     assert "1 oom" in result.output
     assert not (folder / "never.json").exists()
+
+
+def test_bad_prior_strength_is_a_usage_error(files):
+    folder, _ = files
+    result = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json", "--out",
+                 folder / "never.json", "--prior-strength", "strong")
+    assert result.exit_code == 2 and "--prior-strength" in result.output
 
 
 def test_fit_without_runs_is_a_usage_error(files):

@@ -2,12 +2,22 @@
 respects bounds, and writes an honest profile."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from synthetic import TRUE_VALUES, synthetic_runs, true_profile
 
-from models.fit import (FitParameter, MeasuredRun, ProfileFit, RunEvaluator, fitted_run_ids, get_value,
-                        with_values)
+from models.fit import (
+    FitParameter,
+    MeasuredRun,
+    ProfileFit,
+    RunEvaluator,
+    default_parameters,
+    fitted_run_ids,
+    get_value,
+    with_values,
+)
 from models.predict import predict
 from models.profile import parse_profile
 
@@ -138,3 +148,17 @@ def test_refitting_a_fitted_profile_starts_from_the_prefit_values(small_runs, ba
         assert f.start == once.parameters_[name].start  # not the first fit's values
         assert f.value == pytest.approx(once.parameters_[name].value, rel=1e-9, abs=1e-12)
     assert twice.profile_.provenance.notes.count("Before the fit:") == 1  # fits never stack
+
+
+def test_power_target_does_not_bend_power_to_cover_time_errors(small_specs, base):
+    # Every run 20% slower than the model says, at the true power: energy is 20% higher too.
+    runs = [dataclasses.replace(r, step_time_s=r.step_time_s * 1.2, gpu_energy_j=r.gpu_energy_j * 1.2)
+            for r in synthetic_runs(true_profile(), noise=0.0, specs=small_specs)]
+    power_only = tuple(p for p in default_parameters(base) if p.kind == "energy")
+    truth = true_profile()
+    start = with_values(base, {n: v for n, v in TRUE_VALUES.items() if not n.startswith("power")})
+    by_power = ProfileFit(parameters=power_only, energy_target="power").fit(runs, start)
+    by_energy = ProfileFit(parameters=power_only, energy_target="energy").fit(runs, start)
+    true_w = truth.power.gpu.compute.value
+    assert by_power.parameters_["power.gpu.compute"].value == pytest.approx(true_w, rel=0.03)
+    assert by_energy.parameters_["power.gpu.compute"].value > true_w * 1.05  # bent upwards

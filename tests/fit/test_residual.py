@@ -53,7 +53,7 @@ def test_far_from_the_runs_the_correction_fades_and_the_band_widens(planted):
     model = ResidualModel("step_time_s", prior_std=0.1).fit(planted, RunEvaluator(planted)(profile))
     near_x = model.scaler_.transform(features(planted[:1], RunEvaluator(planted[:1])(profile)))
     far_x = np.full((1, len(FEATURES)), 50.0)  # 50 standard deviations from every run
-    near_mean, near_std = model.gp_.predict(near_x, return_std=True)
+    _, near_std = model.gp_.predict(near_x, return_std=True)
     far_mean, far_std = model.gp_.predict(far_x, return_std=True)
     assert abs(far_mean[0]) < 1e-3  # no correction carried over
     assert far_std[0] > 2 * near_std[0]
@@ -63,3 +63,18 @@ def test_needs_runs_with_the_metric(planted):
     runs = [dataclasses.replace(r, gpu_energy_j=None) for r in planted[:5]]
     with pytest.raises(ValueError, match="at least 3 runs"):
         ResidualModel("gpu_energy_j").fit(runs, RunEvaluator(runs)(true_profile()))
+
+
+def test_saved_model_predicts_the_same(planted):
+    import json
+
+    profile = true_profile()
+    pred = RunEvaluator(planted)(profile)
+    model = ResidualModel("step_time_s").fit(planted, pred)
+    again = ResidualModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    for a, b in zip(model.predict(planted[:7], RunEvaluator(planted[:7])(profile)),
+                    again.predict(planted[:7], RunEvaluator(planted[:7])(profile))):
+        np.testing.assert_allclose(a, b, rtol=1e-9)
+    broken = {**model.to_dict(), "features": ["something", "else"]}
+    with pytest.raises(ValueError, match="features"):
+        ResidualModel.from_dict(broken)
