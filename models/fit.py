@@ -82,9 +82,10 @@ TIME_PARAMETERS = (
     FitParameter("overheads.compute_efficiency", 0.3, 1.2, 0.1, "time"),
     FitParameter("overheads.comm_efficiency", 0.05, 1.2, 0.2, "time"),
     FitParameter("overheads.step", 0.0, 5.0, 0.05, "time"),
-    FitParameter("overheads.micro_step", 0.0, 1.0, 0.02, "time"),
+    FitParameter("overheads.layer_pass", 0.0, 0.02, 1e-3, "time"),
     FitParameter("overheads.zero3_module_pass", 0.0, 5e-3, 1e-4, "time"),
     FitParameter("overheads.offload_step_per_gparam", 0.0, 10.0, 0.5, "time"),
+    FitParameter("overheads.super_offload_step_per_gparam", 0.0, 10.0, 0.5, "time"),
     FitParameter("overlap.compute_slowdown_with_collective", 0.0, 1.0, 0.1, "time"),
     FitParameter("overlap.collective_slowdown_with_compute", 0.0, 2.0, 0.3, "time"),
 )
@@ -284,6 +285,9 @@ class ProfileFit:
         scale = np.array([p.scale for p in stage])
         centre = np.clip([start[p.name] for p in stage], lower, upper)
         x0 = np.clip([warm.get(p.name, values[p.name]) for p in stage], lower, upper)
+        # A constant sitting on its lower bound may sit where the residuals are flat (a host
+        # floor hidden behind GPU work has no gradient): start it one prior width inside.
+        x0 = np.where(x0 <= lower, np.minimum(lower + scale, upper), x0)
 
         def profile_at(x):
             return with_values(base, {**values, **{p.name: v for p, v in zip(stage, x)}})

@@ -1,23 +1,47 @@
-"""Peak GPU memory and host memory of each strategy, with the DeepSpeed allocations behind them.
+"""Peak GPU memory and host memory of each strategy: the largest of the memory in use at the
+moments of a training step where it peaks, not a sum of everything that is ever allocated.
 
-Model states follow what DeepSpeed 0.19 allocates with bf16 and Adam (read from its
-source, `runtime/zero/stage_1_and_2.py`, `stage3.py`, `fp16/fused_optimizer.py`):
-- bf16 parameters (2 bytes), bf16 gradients (2), fp32 master weights, momentum and
-  variance (12), and an fp32 copy of the gradients (4) made for the optimizer step.
-- ZeRO-0 (FP16_Optimizer for bf16): everything whole on every GPU: 20 bytes/param.
-- ZeRO-1: the 16 bytes of optimizer state and fp32 gradients sharded; bf16 grads whole.
-- ZeRO-2: bf16 gradients sharded too. ZeRO-3: bf16 parameters sharded too; without
-  offload its fp32 gradient copy exists for one sub-group (`sub_group_size`) at a time.
-- Optimizer offload moves the 16 bytes to pinned host memory; under ZeRO-3 the bf16
-  gradient partition buffer lives on the host too (`grad_partitions_flat_buffer`).
-  ZeRO-3's partial `ratio` offloads whole sub-groups: DeepSpeed puts sub-group i on the
-  CPU when i >= int((1 - ratio) * n_subgroups), so a rank with one sub-group offloads all.
-- Parameter offload (ZeRO-3) keeps the bf16 partition on the host as well.
-- SuperOffload adds its CPU-Adam worker's fp32 gradient buffer (one sub-group) on the host.
-- A frozen vision encoder is bf16 parameters only (ZeRO-3 shards them; ZeRO 0-2 do not,
-  because frozen parameters are not in the optimizer's groups).
-Activations assume fused (flash / SDPA) attention, so there is no s^2 term; see
-`activation_bytes_per_token` for the tensors counted. Host memory is per node.
+What is allocated where, read from DeepSpeed 0.19 (`runtime/zero/stage_1_and_2.py`, `stage3.py`,
+`fp16/fused_optimizer.py`, `partitioned_param_coordinator.py`, `superoffload/`) with bf16 and Adam,
+and from the harness's model (`calibration/harness/model.py`):
+
+Model states that live through the whole step (`model_states`, P trainable parameters, n GPUs):
+- ZeRO-0 (bf16 runs DeepSpeed's FP16_Optimizer): bf16 flat parameters (2P) and fp32 master,
+  momentum and variance (12P). Its bf16 gradients (2P) exist from backward to the step.
+- ZeRO-1/2: bf16 parameters whole (2P), fp32 master/momentum/variance sharded (12P/n). The bf16
+  gradients of this rank's partition (2P/n, `grads_in_partition`) exist from backward to the step.
+  ZeRO-1 and ZeRO-2 allocate the same on the GPU in 0.19 (both keep only the partition's gradients).
+- ZeRO-3: bf16 parameter partition (2P/n), a bf16 gradient partition buffer (2P/n,
+  `grad_partitions_flat_buffer`) and the fp32 states (12P/n), all persistent.
+- Optimizer offload moves the fp32 states (and ZeRO-3's gradient partition buffer) to pinned
+  host memory; ZeRO-3's partial `ratio` offloads whole sub-groups (i >= int((1 - ratio) * n_sub)),
+  and a GPU sub-group then also keeps its fp32 gradient. Parameter offload keeps ZeRO-3's bf16
+  partition on the host. A frozen vision encoder is bf16 parameters only.
+Buffers: ZeRO-1/2 allocate two (one without overlap_comm) bf16 gradient buckets of
+`reduce_bucket_size` elements at the first gradient hook of every backward and free them at its
+end; ZeRO-3 keeps one such bucket from initialisation on; ZeRO-1/2 optimizer offload keeps a bf16
+staging buffer of the largest parameter. ZeRO-3 keeps gathered parameters while they are reused
+within `stage3_max_reuse_distance`, up to `stage3_max_live_parameters` (1e9 elements each by
+default); on one GPU without parameter offload "gathering" only makes views, so it costs nothing.
+
+The moments (`estimate`), each a sum of what is alive together:
+- loss: end of forward and the loss backward. Saved activations of every layer, and the
+  cross-entropy: the harness computes it on bf16 logits, so its backward holds the saved
+  log-softmax, the incoming gradient and the log-softmax gradient, 3 bf16 tensors of tokens x vocab.
+- head: the first gradient hook, after the LM head's backward: activations still saved, the
+  ZeRO-1/2 buckets just allocated, the LM head's gradient (a tied embedding keeps it to the end).
+- layer: the last decoder layer's backward: its recomputed activations (checkpointing) and the
+  MLP's gradient workspace.
+- reduce: the first full gradient bucket (only when the trainable parameters exceed it): the
+  layers not yet back-propagated, plus what the reduction allocates (ZeRO-1/2: the gradient
+  partition; ZeRO-3: a flat copy of the bucket for the reduce-scatter; with optimizer offload,
+  a GPU copy of the gradient partition and the fp64 copy that its norm is computed on).
+- end: the end of backward, activations freed, all gradients held.
+- step: the optimizer step with its transient gradient copies (ZeRO-0: fp32 copies of every
+  gradient and their flat concatenation; ZeRO-1/2: a flat bf16 copy of the partition and its
+  fp32 copy; ZeRO-3: the same for one sub-group; the fp64 copy of the largest gradient that the
+  norm is computed on).
+Activations assume fused (flash / SDPA) attention, so there is no s^2 term. Host memory is per node.
 """
 from __future__ import annotations
 
@@ -32,34 +56,54 @@ from models.strategy import OFFLOAD_CPU, StrategyBatch
 from models.workload import Workload
 
 GIB = 2**30
-SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's zero_optimization.sub_group_size default (elements)
+FP32, FP64 = 4, 8  # bytes per element
+SUB_GROUP_SIZE = 1_000_000_000  # zero_optimization.sub_group_size default (elements)
 MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters default (elements)
+NORM_CHUNK_ELEMENTS = 250_000_000  # ZeRO-3's _constant_buffered_norm2 casts to fp64 in chunks this long
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam momentum + variance
 FP32_GRAD_BYTES_PER_PARAM = 4
-LOGITS_BYTES_PER_VOCAB = 10  # bf16 logits (2) + fp32 copy for the loss (4) + saved log-softmax (4)
+# Cross-entropy on bf16 logits: in its backward the saved log-softmax output, the gradient coming
+# from nll_loss and the log-softmax gradient are alive together (3 x 2 bytes per vocabulary entry).
+LOSS_BYTES_PER_VOCAB = 3 * BF16
+# cuBLAS and cuBLASLt workspaces, allocated through torch's caching allocator (so counted by
+# max_memory_allocated); 32 MiB each is the size cuBLAS recommends, and torch uses, on Hopper.
+GEMM_WORKSPACE_BYTES = 2 * 32 * 2**20
+PHASES = ("loss", "head", "layer", "reduce", "end", "step")
 
 
 @dataclass(frozen=True)
 class ModelStates:
-    """Bytes per GPU and per rank on the host for parameters, gradients and optimizer state."""
+    """Parameters, gradients and optimizer state: bytes per GPU, and per rank on the host."""
 
-    gpu_bytes: np.ndarray
+    gpu_bytes: np.ndarray  # alive through the whole step (forward included)
+    grad_gpu_bytes: np.ndarray  # gradients held from the end of backward to the step (and across accumulation)
+    step_gpu_bytes: np.ndarray  # transient gradient copies of the optimizer step, on top of both
     host_bytes_per_rank: np.ndarray
     offload_fraction: np.ndarray  # share of the optimizer state on the CPU (DeepSpeed's sub-group rounding)
+
+    @property
+    def step_peak_gpu_bytes(self) -> np.ndarray:
+        """Model states at the optimizer step, the figure DeepSpeed's estimators approximate."""
+        return self.gpu_bytes + self.grad_gpu_bytes + self.step_gpu_bytes
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Per GPU, bytes; host per node, bytes. `peak_gpu_bytes` is what must fit in the GPU."""
 
-    model_states_gpu_bytes: np.ndarray
-    buffers_gpu_bytes: np.ndarray
-    activations_gpu_bytes: np.ndarray
-    allocated_gpu_bytes: np.ndarray  # what torch.cuda.max_memory_allocated would show
+    model_states_gpu_bytes: np.ndarray  # persistent model states (see ModelStates.gpu_bytes)
+    buffers_gpu_bytes: np.ndarray  # persistent buffers: ZeRO-3 bucket, offload staging, GEMM workspaces
+    activations_gpu_bytes: np.ndarray  # activations and loss buffers at the loss (the forward's peak)
+    phase_gpu_bytes: dict[str, np.ndarray]  # what is allocated at each moment of `PHASES`
+    allocated_gpu_bytes: np.ndarray  # the largest of them: what torch.cuda.max_memory_allocated would show
     peak_gpu_bytes: np.ndarray  # allocated x (1 + fragmentation) + framework reserve
     host_bytes_per_rank: np.ndarray
     host_bytes_per_node: np.ndarray
     offload_fraction: np.ndarray
+
+    def peak_phase(self, i: int) -> str:
+        """The moment of the step at which strategy i's GPU memory peaks."""
+        return max(PHASES, key=lambda name: float(self.phase_gpu_bytes[name][i]))
 
 
 def offload_fraction(stage, offload_optimizer, ratio, params_per_rank, sub_group_size=SUB_GROUP_SIZE) -> np.ndarray:
@@ -82,124 +126,184 @@ def model_states(counts: ParamCounts, gpus, stage, offload_optimizer, ratio, off
     n = np.asarray(gpus, dtype=float)
     stage = np.asarray(stage)
     p, f = float(counts.trainable), float(counts.frozen)
+    largest = float(counts.largest_module)
     shard = np.where(stage >= 1, n, 1.0)
     p_rank = p / shard  # trainable parameters whose optimizer state this rank owns
     r = offload_fraction(stage, offload_optimizer, ratio, p_rank, sub_group_size)
     opt_off = np.asarray(offload_optimizer) == OFFLOAD_CPU
     par_off = (np.asarray(offload_param) == OFFLOAD_CPU) & (stage == 3)
+    z3 = stage == 3
 
-    params16 = BF16 * (p + f) / np.where(stage == 3, n, 1.0)
+    params16 = BF16 * (p + f) / np.where(z3, n, 1.0)
     params16_gpu = np.where(par_off, 0.0, params16)
-    grads16 = np.select([stage <= 1, stage == 2], [BF16 * p, BF16 * p / n], BF16 * p / n)
-    grads16_gpu = np.where((stage >= 2) & opt_off, 0.0, grads16)
     opt_gpu = OPTIMIZER_BYTES_PER_PARAM * (1 - r) * p_rank
-    # ZeRO-3 without offload makes the fp32 gradient copy one sub-group at a time; with (partial)
-    # offload the GPU sub-groups keep theirs (initialize_optimizer_states).
-    fp32_grad_gpu = np.where((stage == 3) & ~opt_off,
-                             FP32_GRAD_BYTES_PER_PARAM * np.minimum(p_rank, sub_group_size),
-                             FP32_GRAD_BYTES_PER_PARAM * (1 - r) * p_rank)
-    gpu = params16_gpu + grads16_gpu + opt_gpu + fp32_grad_gpu
+    # ZeRO-3 with (partial) offload gives each GPU sub-group a persistent fp32 gradient buffer.
+    fp32_grad_gpu = np.where(z3 & opt_off, FP32_GRAD_BYTES_PER_PARAM * (1 - r) * p_rank, 0.0)
+    grad_partition_gpu = np.where(z3 & ~opt_off, BF16 * p_rank, 0.0)  # grad_partitions_flat_buffer
+    gpu = params16_gpu + opt_gpu + fp32_grad_gpu + grad_partition_gpu
+
+    # Gradients held between backward and step: ZeRO-0 param.grad (whole), ZeRO-1/2 the partition.
+    grads = np.select([stage == 0, (stage <= 2) & ~opt_off], [BF16 * p, BF16 * p_rank], 0.0)
+    # The step's transient copies. ZeRO-0: p.grad.to(fp32) for every gradient (4P) and their
+    # flattening (4P). ZeRO-1/2: the partition flattened (2P/n) and cast to fp32 (4P/n). ZeRO-3:
+    # the same for one sub-group at a time. Before them, the gradient norm casts each gradient
+    # tensor to fp64, one at a time. With optimizer offload the step runs on the CPU.
+    norm64 = FP64 * np.minimum(largest, p_rank)
+    z12_step = np.maximum((BF16 + FP32) * p_rank, norm64)
+    z3_step = np.maximum((BF16 + FP32) * np.minimum(p_rank, sub_group_size), FP64 * np.minimum(largest / n, p_rank))
+    step = np.select([stage == 0, opt_off, stage <= 2], [2 * FP32 * p, 0.0, z12_step], z3_step)
 
     host = (OPTIMIZER_BYTES_PER_PARAM + FP32_GRAD_BYTES_PER_PARAM) * r * p_rank
-    host = host + np.where((stage == 3) & opt_off, BF16 * p_rank, 0.0)  # pinned bf16 grad partition buffer
+    host = host + np.where(z3 & opt_off, BF16 * p_rank, 0.0)  # pinned bf16 grad partition buffer
     accum = (np.asarray(grad_accum) > 1) & opt_off & (stage <= 2)  # accumulated_grads_in_cpu (bf16)
     host = host + np.where(accum, BF16 * p_rank, 0.0)
     host = host + np.where(par_off, params16, 0.0)
     # SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer
     # sized for the largest sub-group (superoffload_utils.py, max_grad_numel).
-    sup = np.asarray(super_offload, dtype=bool) & opt_off & (stage == 3)
+    sup = np.asarray(super_offload, dtype=bool) & opt_off & z3
     host = host + np.where(sup, FP32_GRAD_BYTES_PER_PARAM * np.minimum(r * p_rank, sub_group_size), 0.0)
-    return ModelStates(gpu_bytes=gpu, host_bytes_per_rank=host, offload_fraction=r)
+    return ModelStates(gpu_bytes=gpu, grad_gpu_bytes=grads, step_gpu_bytes=step, host_bytes_per_rank=host,
+                       offload_fraction=r)
 
 
-def activation_bytes_per_token(workload: Workload) -> tuple[float, float]:
+def activation_bytes_per_token(workload: Workload, sp=1) -> tuple[np.ndarray, float]:
     """(one decoder layer kept for backward, one checkpointed layer) in bytes per token.
 
-    Kept for backward, bf16: the layer input and both norm outputs (3h), the post-attention
-    residual (h), q (h), k and v (2*kv), the attention output (h), the SwiGLU's gate, up,
-    silu(gate) and product (4f); plus the attention's fp32 log-sum-exp (4 bytes per head).
+    What autograd saves in the harness's decoder layer: each RMSNorm casts its input to fp32
+    twice (for the square and for the scaling, 4 + 4 bytes per element), keeps the bf16
+    normalised value (2) and its output (2): 12h per norm, two norms. Attention keeps q and,
+    after the GQA repeat to all heads, k and v (h wide each), the SDPA output (h) and its fp32
+    log-sum-exp (4 bytes per head). The SwiGLU keeps gate, silu(gate), up and their product (4f).
+    Under Ulysses (sp > 1) the all-to-all's output feeding o_proj is a tensor of its own (h).
     A checkpointed layer keeps only its input (h).
     """
     a = workload.arch
-    h, kv, f = a.hidden_size, a.kv_dim, a.intermediate_size
-    full = BF16 * (6 * h + 2 * kv + 4 * f) + 4 * a.num_heads
-    return float(full), float(BF16 * h)
+    h, f = a.hidden_size, a.intermediate_size
+    full = 2 * 12 * h + BF16 * (4 * h + 4 * f) + FP32 * a.num_heads
+    ulysses = np.where(np.asarray(sp) > 1, BF16 * h, 0.0)
+    return full + ulysses, float(BF16 * h)
+
+
+def final_norm_bytes_per_token(workload: Workload) -> float:
+    """The final RMSNorm's saved tensors (12h, as in a layer), its output being the LM head's input."""
+    return 12.0 * workload.arch.hidden_size
 
 
 def _vit_bytes_per_token(workload: Workload) -> float:
-    """One ViT block kept for backward: 8 hidden-sized tensors, the MLP's 2 (gated: 4) wide ones."""
+    """One ViT block kept for backward: both LayerNorms' inputs and outputs, the fused qkv
+    output (3 hidden-sized), the attention output (h), the MLP's input and output of the
+    activation (2 wide, gated 4); plus the attention's fp32 log-sum-exp."""
     v = workload.arch.vision
     wide = 4 if v.gated_mlp else 2
-    return float(BF16 * (8 * v.hidden_size + wide * v.intermediate_size) + 4 * v.num_heads)
+    return float(BF16 * (8 * v.hidden_size + wide * v.intermediate_size) + FP32 * v.num_heads)
 
 
-def activations(workload: Workload, work: MicroStepWork, cpu_checkpointing) -> tuple[np.ndarray, np.ndarray]:
-    """(peak activation bytes on the GPU, checkpoint bytes moved to the host) for one micro-step.
+def _vision_saved(workload: Workload, work: MicroStepWork, cpu_ck) -> tuple[np.ndarray, np.ndarray]:
+    """(vision activations kept on the GPU for backward, checkpoints moved to the host).
 
-    The peak is what is kept for backward plus the larger of two transients: the logits
-    at the loss (bf16 + fp32 + log-softmax, large at 150k vocabularies) or, with
-    checkpointing, one layer's recomputed activations; plus the backward's gradient
-    workspace (gate and up gradients, two hidden-sized gradients).
+    The projector keeps its merged input and the GELU's input and output. A trained encoder
+    also keeps each block's activations (or, checkpointed, the block input), the patch
+    embedding's input and the final LayerNorm's input; a frozen one runs without autograd.
     """
     a = workload.arch
-    t = work.tokens_per_gpu
-    full, ckpt = activation_bytes_per_token(workload)
-    n_ck = work.checkpointed_layers
-    cpu_ck = np.asarray(cpu_checkpointing, dtype=bool)
-    ckpt_bytes = t * n_ck * ckpt
-    kept = t * (a.num_layers - n_ck) * full + np.where(cpu_ck, 0.0, ckpt_bytes) + t * BF16 * 2 * a.hidden_size
-    logits = t * LOGITS_BYTES_PER_VOCAB * a.vocab_size
-    workspace = t * BF16 * (2 * a.intermediate_size + 2 * a.hidden_size)
-    recompute = np.where(n_ck > 0, t * full, 0.0)
-    peak = kept + np.maximum(logits, recompute + workspace)
-
-    if a.vision is not None and workload.vision_groups:
-        v = a.vision
-        tv = work.vis_groups_per_gpu * work.vis_patches_per_group
-        tm = tv / v.spatial_merge**2
-        projector = tm * BF16 * (v.hidden_size * v.spatial_merge**2 + 2 * v.projector_hidden_size)
-        vis = projector
-        if workload.train_vision:
-            nv = work.vis_checkpointed_layers
-            vfull = _vit_bytes_per_token(workload)
-            vck = tv * nv * BF16 * v.hidden_size
-            vis = vis + tv * (v.num_layers - nv) * vfull + np.where(cpu_ck, 0.0, vck)
-            ckpt_bytes = ckpt_bytes + vck
-        peak = peak + vis
-    return peak, np.where(cpu_ck, ckpt_bytes, 0.0)
-
-
-def buffers(counts: ParamCounts, b: StrategyBatch) -> np.ndarray:
-    """Communication buffers per GPU, bytes.
-
-    ZeRO-0: the flattened all-reduce bucket. ZeRO-1/2: contiguous-gradient buckets of
-    reduce_bucket_size elements, two with overlap_comm (double buffering). ZeRO-3: one
-    gradient bucket, the live gathered parameters (largest module + prefetch bucket,
-    capped by stage3_max_live_parameters) and the largest module's gathered gradient.
-    """
-    stage = b.zero_stage
-    bucket = BF16 * b.reduce_bucket_size.astype(float)
-    z0 = BF16 * np.minimum(b.reduce_bucket_size, counts.trainable).astype(float)
-    z12 = bucket * np.where(b.overlap_comm, 2.0, 1.0)
-    live = np.minimum(MAX_LIVE_PARAMETERS, counts.largest_module + b.prefetch_bucket_size.astype(float))
-    z3 = bucket + BF16 * live + BF16 * counts.largest_module
-    return np.select([stage == 0, stage <= 2], [z0, z12], z3)
+    zero = np.zeros_like(work.tokens_per_gpu)
+    if a.vision is None or not workload.vision_groups:
+        return zero, zero
+    v = a.vision
+    tv = work.vis_groups_per_gpu * work.vis_patches_per_group
+    tm = tv / v.spatial_merge**2
+    kept = tm * BF16 * (v.hidden_size * v.spatial_merge**2 + 2 * v.projector_hidden_size)
+    host = zero
+    if workload.train_vision:
+        nv = work.vis_checkpointed_layers
+        vck = tv * nv * BF16 * v.hidden_size
+        patch_in = 3 * v.patch_size**2 * v.temporal_patch
+        kept = kept + tv * (v.num_layers - nv) * _vit_bytes_per_token(workload) + np.where(cpu_ck, 0.0, vck)
+        kept = kept + tv * BF16 * (patch_in + v.hidden_size)
+        host = np.where(cpu_ck, vck, 0.0)
+    return kept, host
 
 
 def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: StrategyBatch,
              profile: HardwareProfile) -> MemoryEstimate:
+    """Memory of each strategy at each moment of the step (see the module docstring); the peak is their max."""
+    a = workload.arch
+    h, f, vocab, layers = a.hidden_size, a.intermediate_size, a.vocab_size, a.num_layers
     states = model_states(counts, b.gpus, b.zero_stage, b.offload_optimizer, b.offload_ratio,
                           b.offload_param, b.grad_accum, b.super_offload)
-    buf = buffers(counts, b)
-    act, ckpt_host = activations(workload, work, b.cpu_checkpointing)
-    allocated = states.gpu_bytes + buf + act
+    stage = b.zero_stage
+    n = b.gpus.astype(float)
+    p = float(counts.trainable)
+    p_rank = p / np.where(stage >= 1, n, 1.0)
+    opt_off = b.offload_optimizer == OFFLOAD_CPU
+    par_off = (b.offload_param == OFFLOAD_CPU) & (stage == 3)
+    z12, z3 = (stage == 1) | (stage == 2), stage == 3
+    rbs = b.reduce_bucket_size.astype(float)
+    cpu_ck = np.asarray(b.cpu_checkpointing, dtype=bool)
+
+    # Persistent buffers
+    z3_bucket = np.where(z3, BF16 * rbs, 0.0)
+    offload_staging = np.where(z12 & opt_off, BF16 * float(counts.largest_module), 0.0)
+    buffers = z3_bucket + offload_staging + GEMM_WORKSPACE_BYTES
+    base = states.gpu_bytes + buffers
+    gathered = np.where(z3 & ((n > 1) | par_off), BF16 * np.minimum(MAX_LIVE_PARAMETERS, counts.forward_params), 0.0)
+    base = base + gathered
+    accumulated = np.where(b.grad_accum > 1, states.grad_gpu_bytes, 0.0)  # earlier micro-steps' gradients
+    buckets = np.where(z12, BF16 * rbs * np.where(b.overlap_comm, 2.0, 1.0), 0.0)
+
+    # Activations
+    t = work.tokens_per_gpu
+    full, ckpt = activation_bytes_per_token(workload, b.sp)
+    n_ck = work.checkpointed_layers
+    layer_stack = t * (layers - n_ck) * full + np.where(cpu_ck, 0.0, t * n_ck * ckpt)
+    vision, vision_host = _vision_saved(workload, work, cpu_ck)
+    kept = layer_stack + vision
+    final_norm = t * final_norm_bytes_per_token(workload)
+    loss = t * LOSS_BYTES_PER_VOCAB * vocab
+    recompute = np.where(n_ck > 0, t * full, 0.0)
+    workspace = t * BF16 * 3 * f  # MLP backward: product's gradient, then silu(gate)'s and up's
+    head = BF16 * float(vocab * h)  # the LM head's gradient
+    tied_head = head if a.tie_embeddings else 0.0  # accumulates until the embedding's backward
+
+    # The first full bucket: untied, the LM head's gradient is its first entry; then whole layers.
+    first_fill = rbs - (0.0 if a.tie_embeddings else vocab * h)
+    layers_done = np.clip(np.floor(first_fill / counts.layer), 0, layers)
+    remaining = layer_stack * (layers - layers_done) / layers
+    largest_first = float(h * f) if a.tie_embeddings else float(vocab * h)
+    largest_last = float(vocab * h)  # the embedding is back-propagated last
+    flat_copy = BF16 * np.minimum(rbs, p)  # reduce_scatter_coalesced concatenates the bucket
+
+    def offload_transient(numel):
+        """Reducing an offloaded gradient: ZeRO-1/2 casts its partition to fp64 for the norm;
+        ZeRO-3 copies the partition to the GPU and casts it to fp64 in chunks."""
+        part = numel / n
+        return np.where(z12, FP64 * np.minimum(part, p_rank),
+                        BF16 * part + FP64 * np.minimum(part, NORM_CHUNK_ELEMENTS))
+
+    reduce_extra = np.where(z12 & ~opt_off, BF16 * p_rank, 0.0) + np.where(z3, flat_copy, 0.0)
+    reduce_extra = reduce_extra + np.where(opt_off, offload_transient(largest_first), 0.0)
+    end_extra = np.where(z3, flat_copy, 0.0) + np.where(opt_off, offload_transient(largest_last), 0.0)
+
+    phases = {
+        "loss": base + accumulated + kept + final_norm + loss,
+        "head": base + accumulated + buckets + kept + final_norm + head,
+        "layer": base + accumulated + buckets + kept + recompute + workspace + tied_head,
+        "reduce": np.where((stage >= 1) & (p > rbs),
+                           base + accumulated + buckets + remaining + vision + recompute + tied_head + reduce_extra,
+                           0.0),
+        "end": base + accumulated + buckets + states.grad_gpu_bytes + np.where(z3, tied_head, 0.0) + end_extra,
+        "step": states.gpu_bytes + buffers + states.grad_gpu_bytes + states.step_gpu_bytes,
+    }
+    allocated = np.maximum.reduce([phases[name] for name in PHASES])
     frag = profile.memory.fragmentation.value
     reserve = profile.memory.framework_reserved.value * GIB
     peak = allocated * (1.0 + frag) + reserve
+    ckpt_host = np.where(cpu_ck, t * n_ck * ckpt, 0.0) + vision_host
     host_rank = states.host_bytes_per_rank + ckpt_host
     ranks_per_node = np.minimum(b.gpus, b.gpus_per_node)
     return MemoryEstimate(
-        model_states_gpu_bytes=states.gpu_bytes, buffers_gpu_bytes=buf, activations_gpu_bytes=act,
+        model_states_gpu_bytes=states.gpu_bytes, buffers_gpu_bytes=buffers,
+        activations_gpu_bytes=kept + final_norm + loss, phase_gpu_bytes=phases,
         allocated_gpu_bytes=allocated, peak_gpu_bytes=peak, host_bytes_per_rank=host_rank,
         host_bytes_per_node=host_rank * ranks_per_node, offload_fraction=states.offload_fraction,
     )

@@ -189,12 +189,20 @@ class Power(_Strict):
 
 
 class Overheads(_Strict):
-    """DeepSpeed's own costs beyond bytes and FLOPs; fitted from short real runs."""
+    """DeepSpeed's own costs beyond bytes and FLOPs; fitted from short real runs.
+
+    `layer_pass` is the host's time to issue one layer's forward, backward or recompute
+    (kernel launches, autograd, DeepSpeed's hooks): a GPU whose work per micro-step is
+    shorter than the host's waits for it. The offload terms are per billion parameters
+    stepped on the CPU, synchronous and SuperOffload apart, since their code paths differ.
+    """
 
     step: Seconds
     micro_step: Seconds
+    layer_pass: Seconds
     zero3_module_pass: Seconds
     offload_step_per_gparam: Seconds
+    super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
     comm_efficiency: Fraction
 

@@ -27,7 +27,7 @@ TOLERANCE = {
     "overheads.compute_efficiency": 0.01,
     "overheads.comm_efficiency": 0.08,
     "overheads.step": 0.005,
-    "overheads.micro_step": 0.003,
+    "overheads.layer_pass": 2e-4,
     "overheads.zero3_module_pass": 2e-5,
     "overheads.offload_step_per_gparam": 0.03,
     "power.gpu.compute": 8.0,
@@ -116,8 +116,9 @@ def test_one_disturbed_run_does_not_drag_the_fit(small_specs, base):
     runs = synthetic_runs(noise=0.005, seed=5, specs=small_specs)
     runs[3] = MeasuredRun(runs[3].workload, runs[3].strategy, runs[3].step_time_s * 2.0, runs[3].gpu_energy_j,
                           runs[3].peak_gpu_mem_gib, run_id="disturbed")
-    robust = ProfileFit().fit(runs, base).parameters_["overheads.compute_efficiency"].value
-    plain = ProfileFit(loss="linear").fit(runs, base).parameters_["overheads.compute_efficiency"].value
+    # A weak prior: with 16 runs the default one would pull both fits towards the start.
+    robust = ProfileFit(prior_strength=1e-6).fit(runs, base).parameters_["overheads.compute_efficiency"].value
+    plain = ProfileFit(prior_strength=1e-6, loss="linear").fit(runs, base).parameters_["overheads.compute_efficiency"].value
     truth = TRUE_VALUES["overheads.compute_efficiency"]
     assert abs(robust - truth) < 0.02
     assert abs(robust - truth) < abs(plain - truth)

@@ -1,0 +1,73 @@
+"""Predicted GPU memory against the real runs: how far `allocated_gpu_mem_gib` is from
+torch.cuda.max_memory_allocated (max over ranks) of each shipped run.
+
+    python benchmarks/memory_accuracy.py [--runs data/runs/h200.jsonl] [--profile h200] [--reserved]
+
+Allocated is compared with allocated (like with like); `--reserved` adds the measured
+max_memory_reserved and the predicted peak (allocated x (1 + fragmentation) + framework
+reserve), which is what decides feasibility. Runs that did not finish are listed, not compared.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from advisor.accuracy import read_records, to_measured_run  # noqa: E402
+from models.predict import predict  # noqa: E402
+from models.profile import load_profile  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", default=str(REPO_ROOT / "data" / "runs" / "h200.jsonl"))
+    p.add_argument("--profile", default="h200")
+    p.add_argument("--reserved", action="store_true", help="also show reserved memory and the predicted peak")
+    args = p.parse_args(argv)
+
+    profile = load_profile(args.profile)
+    rows, skipped = [], []
+    for record in read_records([args.runs]):
+        try:
+            run = to_measured_run(record)
+        except ValueError as exc:
+            skipped.append(f"{record.candidate.label}: {exc}")
+            continue
+        if run.peak_gpu_mem_gib is None:
+            skipped.append(f"{run.label}: no measured GPU memory")
+            continue
+        pred = predict(run.workload, run.strategy, profile)
+        rows.append((run.label, run.peak_gpu_mem_gib, pred.allocated_gpu_mem_gib,
+                     run.peak_gpu_reserved_gib, pred.peak_gpu_mem_gib))
+
+    width = max(len(r[0]) for r in rows) if rows else 10
+    head = f"{'run':<{width}}  {'meas GiB':>8}  {'pred GiB':>8}  {'err %':>7}"
+    if args.reserved:
+        head += f"  {'resv GiB':>8}  {'peak GiB':>8}  {'err %':>7}"
+    print(head)
+    errors = []
+    for label, meas, pred, resv, peak in rows:
+        err = (pred - meas) / meas
+        errors.append(err)
+        line = f"{label:<{width}}  {meas:8.2f}  {pred:8.2f}  {100 * err:+7.1f}"
+        if args.reserved and resv:
+            line += f"  {resv:8.2f}  {peak:8.2f}  {100 * (peak - resv) / resv:+7.1f}"
+        print(line)
+    if errors:
+        e = np.abs(np.array(errors))
+        worst = int(np.argmax(e))
+        print(f"\n{len(errors)} runs: allocated MAPE {100 * e.mean():.1f}%, worst {100 * errors[worst]:+.1f}% "
+              f"({rows[worst][0]}), within 10%: {int((e <= 0.10).sum())}/{len(errors)}")
+    for s in skipped:
+        print(f"not compared: {s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
