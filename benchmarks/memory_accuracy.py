@@ -3,7 +3,8 @@ torch.cuda.max_memory_allocated (max over ranks) of each shipped run.
 
     python benchmarks/memory_accuracy.py [--runs data/runs/h200.jsonl] [--profile h200] [--reserved]
 
-Allocated is compared with allocated (like with like); `--reserved` adds the measured
+Allocated is compared with allocated (like with like). `phase` is the moment of the step at
+which the model puts the peak (models.memory.PHASES). `--reserved` adds the measured
 max_memory_reserved and the predicted peak (allocated x (1 + fragmentation) + framework
 reserve), which is what decides feasibility. Runs that did not finish are listed, not compared.
 """
@@ -18,10 +19,21 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from advisor.accuracy import read_records, to_measured_run  # noqa: E402
+from models import flops, memory  # noqa: E402
+from models.params import count_params  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
+from models.strategy import StrategyBatch  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def peak_phase(run, profile) -> str:
+    """The moment of the step at which the memory model puts this run's peak."""
+    b = StrategyBatch.from_strategies([run.strategy])
+    w = run.workload
+    work = flops.micro_step_work(w, b.micro_batch, b.sp, b.checkpoint_every)
+    return memory.estimate(w, count_params(w), work, b, profile).peak_phase(0)
 
 
 def main(argv=None) -> int:
@@ -44,18 +56,18 @@ def main(argv=None) -> int:
             continue
         pred = predict(run.workload, run.strategy, profile)
         rows.append((run.label, run.peak_gpu_mem_gib, pred.allocated_gpu_mem_gib,
-                     run.peak_gpu_reserved_gib, pred.peak_gpu_mem_gib))
+                     run.peak_gpu_reserved_gib, pred.peak_gpu_mem_gib, peak_phase(run, profile)))
 
     width = max(len(r[0]) for r in rows) if rows else 10
-    head = f"{'run':<{width}}  {'meas GiB':>8}  {'pred GiB':>8}  {'err %':>7}"
+    head = f"{'run':<{width}}  {'meas GiB':>8}  {'pred GiB':>8}  {'err %':>7}  {'phase':<6}"
     if args.reserved:
         head += f"  {'resv GiB':>8}  {'peak GiB':>8}  {'err %':>7}"
     print(head)
     errors = []
-    for label, meas, pred, resv, peak in rows:
+    for label, meas, pred, resv, peak, phase in rows:
         err = (pred - meas) / meas
         errors.append(err)
-        line = f"{label:<{width}}  {meas:8.2f}  {pred:8.2f}  {100 * err:+7.1f}"
+        line = f"{label:<{width}}  {meas:8.2f}  {pred:8.2f}  {100 * err:+7.1f}  {phase:<6}"
         if args.reserved and resv:
             line += f"  {resv:8.2f}  {peak:8.2f}  {100 * (peak - resv) / resv:+7.1f}"
         print(line)

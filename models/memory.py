@@ -22,7 +22,10 @@ Buffers: ZeRO-1/2 allocate two (one without overlap_comm) bf16 gradient buckets 
 end; ZeRO-3 keeps one such bucket from initialisation on; ZeRO-1/2 optimizer offload keeps a bf16
 staging buffer of the largest parameter. ZeRO-3 keeps gathered parameters while they are reused
 within `stage3_max_reuse_distance`, up to `stage3_max_live_parameters` (1e9 elements each by
-default); on one GPU without parameter offload "gathering" only makes views, so it costs nothing.
+default). The model takes that cap, min(max live, parameters the forward uses): the measured
+qwen2.5-1.5b runs (2 GPUs, or parameter offload) sit at it, although a reading of the trace and
+prefetch rules suggests about half; so it is the least certain term. On one GPU without parameter
+offload "gathering" only makes views of the partitions, so it costs nothing.
 
 The moments (`estimate`), each a sum of what is alive together:
 - loss: end of forward and the loss backward. Saved activations of every layer, and the
@@ -65,6 +68,9 @@ FP32_GRAD_BYTES_PER_PARAM = 4
 # Cross-entropy on bf16 logits: in its backward the saved log-softmax output, the gradient coming
 # from nll_loss and the log-softmax gradient are alive together (3 x 2 bytes per vocabulary entry).
 LOSS_BYTES_PER_VOCAB = 3 * BF16
+# The harness's RMSNorm saves, per hidden element, two fp32 copies of its input (one squared for
+# the variance, one scaled: 4 + 4 bytes), the bf16 normalised value (2) and its output (2).
+RMSNORM_BYTES_PER_ELEMENT = 2 * FP32 + 2 * BF16
 # cuBLAS and cuBLASLt workspaces, allocated through torch's caching allocator (so counted by
 # max_memory_allocated); 32 MiB each is the size cuBLAS recommends, and torch uses, on Hopper.
 GEMM_WORKSPACE_BYTES = 2 * 32 * 2**20
@@ -169,9 +175,8 @@ def model_states(counts: ParamCounts, gpus, stage, offload_optimizer, ratio, off
 def activation_bytes_per_token(workload: Workload, sp=1) -> tuple[np.ndarray, float]:
     """(one decoder layer kept for backward, one checkpointed layer) in bytes per token.
 
-    What autograd saves in the harness's decoder layer: each RMSNorm casts its input to fp32
-    twice (for the square and for the scaling, 4 + 4 bytes per element), keeps the bf16
-    normalised value (2) and its output (2): 12h per norm, two norms. Attention keeps q and,
+    What autograd saves in the harness's decoder layer: two RMSNorms of 12 bytes per hidden
+    element each (`RMSNORM_BYTES_PER_ELEMENT`). Attention keeps q and,
     after the GQA repeat to all heads, k and v (h wide each), the SDPA output (h) and its fp32
     log-sum-exp (4 bytes per head). The SwiGLU keeps gate, silu(gate), up and their product (4f).
     Under Ulysses (sp > 1) the all-to-all's output feeding o_proj is a tensor of its own (h).
@@ -179,14 +184,14 @@ def activation_bytes_per_token(workload: Workload, sp=1) -> tuple[np.ndarray, fl
     """
     a = workload.arch
     h, f = a.hidden_size, a.intermediate_size
-    full = 2 * 12 * h + BF16 * (4 * h + 4 * f) + FP32 * a.num_heads
+    full = 2 * RMSNORM_BYTES_PER_ELEMENT * h + BF16 * (4 * h + 4 * f) + FP32 * a.num_heads
     ulysses = np.where(np.asarray(sp) > 1, BF16 * h, 0.0)
     return full + ulysses, float(BF16 * h)
 
 
 def final_norm_bytes_per_token(workload: Workload) -> float:
-    """The final RMSNorm's saved tensors (12h, as in a layer), its output being the LM head's input."""
-    return 12.0 * workload.arch.hidden_size
+    """The final RMSNorm's saved tensors, its output being the LM head's input."""
+    return float(RMSNORM_BYTES_PER_ELEMENT * workload.arch.hidden_size)
 
 
 def _vit_bytes_per_token(workload: Workload) -> float:
@@ -280,9 +285,11 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
         return np.where(z12, FP64 * np.minimum(part, p_rank),
                         BF16 * part + FP64 * np.minimum(part, NORM_CHUNK_ELEMENTS))
 
-    reduce_extra = np.where(z12 & ~opt_off, BF16 * p_rank, 0.0) + np.where(z3, flat_copy, 0.0)
+    # Under Ulysses, ZeRO-1/2 reduce each destination rank's share of the bucket in fp32 (allreduce_bucket).
+    ulysses_fp32 = np.where(z12 & (b.sp > 1), FP32 * rbs / n, 0.0)
+    reduce_extra = np.where(z12 & ~opt_off, BF16 * p_rank, 0.0) + np.where(z3, flat_copy, ulysses_fp32)
     reduce_extra = reduce_extra + np.where(opt_off, offload_transient(largest_first), 0.0)
-    end_extra = np.where(z3, flat_copy, 0.0) + np.where(opt_off, offload_transient(largest_last), 0.0)
+    end_extra = np.where(z3, flat_copy, ulysses_fp32) + np.where(opt_off, offload_transient(largest_last), 0.0)
 
     phases = {
         "loss": base + accumulated + kept + final_norm + loss,
@@ -291,7 +298,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
         "reduce": np.where((stage >= 1) & (p > rbs),
                            base + accumulated + buckets + remaining + vision + recompute + tied_head + reduce_extra,
                            0.0),
-        "end": base + accumulated + buckets + states.grad_gpu_bytes + np.where(z3, tied_head, 0.0) + end_extra,
+        "end": base + accumulated + buckets + states.grad_gpu_bytes + np.where(stage >= 1, tied_head, 0.0) + end_extra,
         "step": states.gpu_bytes + buffers + states.grad_gpu_bytes + states.step_gpu_bytes,
     }
     allocated = np.maximum.reduce([phases[name] for name in PHASES])
