@@ -138,7 +138,9 @@ def test_cpu_optimizer_time_shares_the_node_rate_between_its_ranks(gh200):
     assert _phases(z3, gh200)["cpu_optimizer"] == pytest.approx(P7 / 8 * 4 / rate)
 
 
-def test_superoffload_hides_all_but_the_last_sub_group_behind_the_backward(gh200):
+def test_superoffload_hides_all_but_the_last_sub_group_behind_the_backward():
+    # Without DeepSpeed's fitted per-parameter offload overheads, which differ between the two modes.
+    gh200 = profile_with({"overheads.offload_step_per_gparam": 0.0, "overheads.super_offload_step_per_gparam": 0.0})
     w = Workload(load_architecture("llama-2-7b"), 32768)
     sync = predict(w, Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu",
                                checkpoint_every=1), gh200)
@@ -187,13 +189,26 @@ def test_cpu_checkpointing_copies_each_checkpoint_down_and_up(gh200):
 
 def test_deepspeed_overheads_add_per_step_micro_step_module_pass_and_offloaded_parameter():
     p = profile_with({"overheads.step": 0.5, "overheads.micro_step": 0.01, "overheads.zero3_module_pass": 1e-4,
-                      "overheads.offload_step_per_gparam": 0.2})
+                      "overheads.offload_step_per_gparam": 0.2, "overheads.layer_pass": 0.0})
     c = count_params(W7)
     s = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", grad_accum=2)
     expected = 0.5 + 2 * 0.01 + 2 * (2 * c.modules_llm) * 1e-4 + 0.2 * P7 / 4 / 1e9
     assert _phases(s, p)["deepspeed_overhead"] == pytest.approx(expected)
     z2 = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, grad_accum=2)
     assert _phases(z2, p)["deepspeed_overhead"] == pytest.approx(0.5 + 0.02)
+
+
+def test_host_issue_floor_shows_only_when_the_gpu_work_is_shorter():
+    p = profile_with({"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 3e-3})
+    small = Workload(load_architecture("qwen2.5-0.5b"), 2048)  # GPU work ~10 ms per micro-step
+    one, four = (_phases(Strategy(grad_accum=ga), p, small)["deepspeed_overhead"] for ga in (1, 4))
+    host_s = 3e-3 * 2 * 24  # forward and backward of 24 layers
+    gpu_s = sum(v for k, v in _phases(Strategy(), p, small).items() if k != "deepspeed_overhead")
+    assert host_s - gpu_s < one < host_s  # the GPU waits for most of the host's issue time
+    assert four == pytest.approx(4 * one, rel=0.05)  # once per micro-step
+    big = Workload(load_architecture("llama-2-7b"), 32768)  # seconds of GPU work per micro-step
+    hidden = _phases(Strategy(), p, big)["deepspeed_overhead"]
+    assert hidden < 1e-3 * host_s
 
 
 def test_vision_phases_frozen_and_trained(gh200):
