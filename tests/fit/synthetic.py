@@ -36,9 +36,14 @@ TRUE_VALUES = {
 }
 
 
+NEUTRAL_OVERHEADS = {f"overheads.{k}": 0.0 for k in (
+    "step", "micro_step", "layer_pass", "zero3_module_pass", "offload_step_per_gparam", "super_offload_step_per_gparam")}
+
+
 def base_profile() -> HardwareProfile:
-    """gh200 with a GPU-only meter, so GPU energy is GPU power alone (as on H200)."""
-    p = load_profile("gh200")
+    """gh200 with a GPU-only meter (GPU energy is GPU power alone, as on H200) and no DeepSpeed
+    overheads, so every fit starts from neutral values, away from the synthetic truth."""
+    p = with_values(load_profile("gh200"), NEUTRAL_OVERHEADS)
     return p.model_copy(update={"power": p.power.model_copy(update={"nvml_scope": "gpu"})})
 
 
