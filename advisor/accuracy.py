@@ -11,7 +11,6 @@ measured one? `targets` compares all this with the project's targets, PASS or MI
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
+from advisor.store import RunStore, StoreError, read_jsonl
 from calibration.harness.candidate import RunRecord
 from models.fit import HeldOutPrediction, MeasuredRun, RunEvaluator
 from models.profile import HardwareProfile
@@ -38,16 +38,11 @@ def read_records(paths: list[str | Path] = (), store: str | Path | None = None) 
         path = Path(path)
         if not path.exists():
             raise RunDataError(f"run file not found: {path}")
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(RunRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as exc:
-                raise RunDataError(f"{path}:{number}: not a run record ({exc})") from None
+        try:
+            records.extend(read_jsonl(path))
+        except StoreError as exc:
+            raise RunDataError(str(exc)) from None
     if store is not None:
-        from advisor.store import RunStore
-
         if not Path(store).exists():
             raise RunDataError(f"run store not found: {store}")
         with RunStore(store) as db:

@@ -67,6 +67,19 @@ class StoreError(RuntimeError):
     """A store that cannot be used (written by a newer version, not a store, unreadable)."""
 
 
+def read_jsonl(path: str | Path) -> list[RunRecord]:
+    """The runs of a JSONL file, one RunRecord a line; a malformed line names its line number."""
+    records = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(RunRecord.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as exc:
+            raise StoreError(f"{path}:{number}: not a run record ({exc})") from None
+    return records
+
+
 def default_store_path() -> Path:
     """~/.cache/energy-advisor/runs.db where that folder can be made, else ./runs.db."""
     folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "energy-advisor"
@@ -188,17 +201,8 @@ class RunStore:
         return self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
 
     def import_jsonl(self, path: str | Path) -> int:
-        """Add the runs of a JSONL file (one RunRecord a line); returns how many were new.
-        A malformed line names its line number."""
-        records = []
-        for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(RunRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as exc:
-                raise StoreError(f"{path}:{number}: not a run record ({exc})") from None
-        return self.add_runs(records)
+        """Add the runs of a JSONL file (one RunRecord a line); returns how many were new."""
+        return self.add_runs(read_jsonl(path))
 
     def export_jsonl(self, path: str | Path, status: str | None = None, model: str | None = None) -> int:
         """Write runs as JSONL (atomically); returns how many."""
