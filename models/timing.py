@@ -284,15 +284,15 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     passes = np.where(z3, mod_f + mod_b + mod_r, 0.0)
     offload_per_gparam = np.where(b.super_offload, ov.super_offload_step_per_gparam.value,
                                   ov.offload_step_per_gparam.value)
-    overhead = (ov.step.value + ga * ov.micro_step.value + ga * passes * ov.zero3_module_pass.value
-                + np.where(opt_off, offload_per_gparam * r * p_rank / 1e9, 0.0))
+    overhead = ov.step.value + ga * ov.micro_step.value + np.where(opt_off, offload_per_gparam * r * p_rank / 1e9, 0.0)
     # The host issues each layer's work asynchronously; when a micro-step's GPU work is
     # shorter than the host's issue time, the GPU waits for the host (small models, short
     # sequences): that wait is exposed, the rest of the issue time hides behind the GPU.
     # Only decoder layers count: on H200 the vision tower (frozen or trained, batched over
     # frame groups) added no host-bound time to an otherwise identical run.
     layer_passes = 2 * a.num_layers + n_ck
-    host_issue = ov.layer_pass.value * layer_passes
+    # ZeRO-3's fetch/release hooks run on the same host thread that issues the kernels.
+    host_issue = ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value
     normal_gpu = c_f + c_b + wf.extra + wbn.extra
     last_gpu = c_f + c_b + wf.extra + wbl.extra
     overhead = overhead + normal * _host_wait(host_issue, normal_gpu) + _host_wait(host_issue, last_gpu)
