@@ -45,12 +45,13 @@ class MeasuredRun:
 
     @property
     def family(self) -> str:
-        """Strategy family for error reporting: ZeRO stage, offload kind, Ulysses."""
+        """Strategy family for error reporting: ZeRO stage, offload kind, Ulysses, vision input."""
         s = self.strategy
         out = f"z{s.zero_stage}"
         if s.offload_optimizer == "cpu":
             out += "/off-param" if s.offload_param == "cpu" else ("/off-super" if s.super_offload else "/off-opt")
-        return out + (f"/sp{s.sp}" if s.sp > 1 else "")
+        out += f"/sp{s.sp}" if s.sp > 1 else ""
+        return out + ("/vision" if self.workload.vision_groups else "")
 
     @property
     def group(self) -> tuple:
