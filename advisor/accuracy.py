@@ -20,7 +20,8 @@ from scipy.stats import spearmanr
 
 from advisor.store import RunStore, StoreError, read_jsonl
 from calibration.harness.candidate import RunRecord
-from models.fit import HeldOutPrediction, MeasuredRun, RunEvaluator
+from models.fit import MeasuredRun, RunEvaluator
+from models.validation import HeldOutPrediction
 from models.profile import HardwareProfile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

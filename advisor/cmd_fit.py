@@ -103,7 +103,8 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, res
         format_report,
         residual_check,
     )
-    from models.fit import ProfileFit, leave_one_out, prefit_profile
+    from models.fit import ProfileFit, prefit_profile
+    from models.validation import leave_one_out
     from models.profile import load_profile
 
     run_set = _run_set(run_paths, store_path)
@@ -152,7 +153,8 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, res
 
 def _prior_strength(text: str, runs, base) -> tuple[float, dict]:
     """A number as given, or 'cv': chosen by cross-validation (with 4 runs or more)."""
-    from models.fit import ProfileFit, choose_prior_strength
+    from models.fit import ProfileFit
+    from models.validation import choose_prior_strength
 
     if text != "cv":
         try:
@@ -243,7 +245,8 @@ def report(run_paths, store_path, profile, loo, prior_text, plot_path, as_json):
         compare_held_out,
         format_report,
     )
-    from models.fit import ProfileFit, leave_one_out, prefit_profile
+    from models.fit import ProfileFit, prefit_profile
+    from models.validation import leave_one_out
     from models.profile import load_profile
 
     if plot_path and not plot_path.lower().endswith(".png"):

@@ -30,7 +30,8 @@ from advisor.accuracy import (
     read_records,
     to_run_set,
 )
-from models.fit import ProfileFit, choose_prior_strength, leave_one_out, prefit_profile
+from models.fit import ProfileFit, prefit_profile
+from models.validation import choose_prior_strength, leave_one_out
 from models.profile import load_profile
 
 

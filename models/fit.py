@@ -11,20 +11,20 @@ Residuals are log ratios, so a 0.3 s run counts as much as a 30 s one, and a sof
 one disturbed run from dragging every constant. A prior pulls each constant towards its
 starting value (`FitParameter.scale` is how far it may plausibly move): constants the runs say
 little about stay where the microbenchmarks or datasheet put them. How strong that prior is,
-cross-validation decides (`choose_prior_strength`). `leave_one_out` refits without each run in
-turn: that error, not the training error, is the number of record.
+cross-validation decides (`models.validation.choose_prior_strength`); `models.validation.leave_one_out`
+refits without each run in turn: that error, not the training error, is the number of record.
 """
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from models.predict import predict, predict_batch
+from models.predict import predict_batch
 from models.profile import HardwareProfile
 from models.strategy import Strategy, StrategyBatch
 from models.workload import Workload
@@ -422,81 +422,3 @@ def _standard_errors(jac: np.ndarray, fun: np.ndarray, n_data: int) -> np.ndarra
     variance = float(np.sum(fun[:n_data] ** 2)) / dof
     cov = np.linalg.pinv(jac.T @ jac) * variance
     return np.sqrt(np.clip(np.diag(cov), 0.0, None))
-
-
-@dataclass(frozen=True)
-class HeldOutPrediction:
-    """A run predicted by a profile fitted without it."""
-
-    run: MeasuredRun
-    step_time_s: float
-    gpu_energy_j: float
-    allocated_gpu_mem_gib: float
-    profile: HardwareProfile = field(repr=False)
-
-
-def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit | None = None,
-                  full_fit: ProfileFit | None = None, max_nfev: int | None = None, tol: float = 1e-5
-                  ) -> list[HeldOutPrediction]:
-    """Refit without each run in turn and predict it: the honest estimate of error on new runs.
-
-    Each refit starts the optimizer from the full fit's values (the prior stays centred on
-    `base_profile`, so nothing of the held-out run leaks in) and runs to convergence: with a
-    dozen real runs, one run can move a constant far (tests/fit compares with cold refits).
-    Which constants a fold's runs inform comes from one probe of all runs at the full fit's
-    values, less the held-out run: a family measured once is predicted, when held out, with
-    the constants it alone informed at their starting values."""
-    base_profile = prefit_profile(base_profile)
-    settings = (estimator or ProfileFit()).get_params()
-    if full_fit is None:
-        full_fit = ProfileFit(**settings).fit(runs, base_profile)
-    settings.update(max_nfev=max_nfev, tol=tol)
-    fold_model = ProfileFit(**settings)
-    warm = {name: f.value for name, f in full_fit.parameters_.items()}
-    effects = fold_model.effects(runs, with_values(base_profile, warm))
-    out = []
-    for i, held in enumerate(runs):
-        others = runs[:i] + runs[i + 1:]
-        model_profile = base_profile
-        if others:
-            informed = {name for name, e in effects.items() if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
-            model_profile = fold_model.fit(others, base_profile, warm_start=warm, informed=informed).profile_
-        p = predict(held.workload, held.strategy, model_profile)
-        out.append(HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile))
-    return out
-
-
-PRIOR_GRID = (1e-3, 1e-2, 1e-1)
-
-
-def cross_validated_error(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit,
-                          folds: int = 5, seed: int = 0) -> float:
-    """Mean |log error| of step time and GPU energy on runs held out `folds` at a time."""
-    order = np.random.default_rng(seed).permutation(len(runs))
-    errors = []
-    for k in range(folds):
-        held = set(order[k::folds].tolist())
-        train = [r for i, r in enumerate(runs) if i not in held]
-        if not held or not train:
-            continue
-        profile = ProfileFit(**estimator.get_params()).fit(train, base_profile).profile_
-        for i in held:
-            p = predict(runs[i].workload, runs[i].strategy, profile)
-            errors.append(abs(np.log(p.step_time_s / runs[i].step_time_s)))
-            if runs[i].gpu_energy_j:
-                errors.append(abs(np.log(p.gpu_energy_j / runs[i].gpu_energy_j)))
-    return float(np.mean(errors))
-
-
-def choose_prior_strength(runs: list[MeasuredRun], base_profile: HardwareProfile, grid=PRIOR_GRID, folds: int = 5,
-                          estimator: ProfileFit | None = None) -> tuple[float, dict[float, float]]:
-    """The prior strength of `grid` with the least k-fold cross-validated error, and every score.
-
-    How far the runs may pull constants from their measured starting values is the one choice
-    the fit cannot make from its own residuals; held-out runs make it."""
-    settings = (estimator or ProfileFit()).get_params()
-    scores = {}
-    for strength in grid:
-        model = ProfileFit(**{**settings, "prior_strength": strength})
-        scores[strength] = cross_validated_error(runs, base_profile, model, folds=min(folds, len(runs)))
-    return min(scores, key=scores.get), scores
