@@ -8,7 +8,8 @@ streams then slow down by the profile's contention fractions (see `_overlap`). W
 cannot overlap is exposed: ZeRO-0's all-reduce, the all-gather after a ZeRO-1/2 step,
 Ulysses all-to-alls (DistributedAttention waits for them), CPU-checkpoint copies, the
 CPU optimizer (unless SuperOffload hides it behind the last backward) and DeepSpeed's
-own overheads.
+fixed per-step and offload overheads. The host's issue time (launches, autograd, ZeRO-3
+hooks) is exposed only where it outlasts a micro-step's GPU work (see `_host_wait`).
 
 Collectives: time = calls * alpha + bus_factor(op, n) * bytes / (bus_bandwidth *
 comm_efficiency), bytes being the full (gathered or reduced) tensor; the intra-node
