@@ -1,5 +1,5 @@
 """The H200 calibration sweep: which real runs to make on one H200 (x1) and on two NVLink H200s
-(x2), most valuable first, written as sweep files for `advisor validate --sweep`.
+(x2), and the scale-out runs on four (x4), most valuable first, written as sweep files for `advisor validate --sweep`.
 
     python -m calibration.harness.sweep_h200 --out data/sweeps
 
@@ -34,7 +34,7 @@ VL_MINI_CONFIG = {
     },
     "_source": "calibration model: qwen2.5-0.5b backbone + small ViT + MLP projector, Qwen2-VL layout",
 }
-HOST_GIB = {"x1": 128, "x2": 256}
+HOST_GIB = {"x1": 128, "x2": 256, "x4": 512}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -143,6 +143,37 @@ def runs() -> list[Run]:
     ]
 
 
+def runs_x4() -> list[Run]:
+    """Scale-out runs for a 4-GPU node, most valuable first: Ulysses sp 4 at 32k-128k, ZeRO-2/3 at
+    dp 4 with and without offload, TinyLlama-1.1B and LLaMA-2-7B (both have KV heads divisible by
+    4), and TinyLlama at 32k on 1, 2 and 4 GPUs (sp = GPUs) for energy per token against GPU count."""
+    off_tl, off7 = _offload_host_gib(1.1), _offload_host_gib(6.7)
+    four = dict(gpus=4, ckpt=1)
+    return [
+        Run(TL, 32768, S(zero=3, sp=4, **four)),
+        Run(L7, 4096, S(zero=3, **four)),
+        Run(L7, 32768, S(zero=3, sp=4, **four)),
+        Run(TL, 8192, S(zero=2, **four)),
+        Run(L7, 4096, S(zero=2, **four)),
+        Run(L7, 4096, S(zero=2, opt="cpu", **four), host_gib_needed=off7),
+        Run(TL, 32768, S(zero=3, ckpt=1)),
+        Run(TL, 32768, S(gpus=2, zero=3, ckpt=1, sp=2)),
+        Run(TL, 8192, S(zero=3, opt="cpu", **four), host_gib_needed=off_tl),
+        Run(TL, 131072, S(zero=3, sp=4, **four)),
+        Run(L7, 65536, S(zero=3, sp=4, **four)),
+        Run(TL, 32768, S(zero=2, sp=4, **four)),
+        Run(L7, 16384, S(zero=3, sp=2, **four)),
+        Run(TL, 8192, S(zero=3, **four)),
+        Run(L7, 4096, S(zero=3, opt="cpu", param="cpu", **four), host_gib_needed=off7),
+        Run(L7, 32768, S(zero=3, sp=4, opt="cpu", **four), host_gib_needed=off7),
+        Run(TL, 65536, S(gpus=4, zero=3, ckpt=0, sp=4)),
+        Run(TL, 8192, S(zero=2, mb=2, **four)),
+        Run(L7, 8192, S(zero=3, ga=2, **four)),
+        Run(TL, 8192, S(zero=1, **four)),
+        Run(L7, 4096, S(zero=3, opt="cpu", superoff=True, **four), host_gib_needed=off7),
+    ]
+
+
 def split(all_runs: list[Run], machine: str) -> list[Run]:
     """Disjoint lists: x2 gets two-GPU runs, multimodal runs and single-GPU runs that need more
     host memory than half of x1's; x1 gets the rest. Order is kept."""
@@ -154,7 +185,7 @@ def split(all_runs: list[Run], machine: str) -> list[Run]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="data/sweeps", help="folder for h200-x1.jsonl and h200-x2.jsonl")
+    p.add_argument("--out", default="data/sweeps", help="folder for h200-x1/x2/x4.jsonl")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,8 +193,10 @@ def main(argv=None) -> None:
     model_path.parent.mkdir(parents=True, exist_ok=True)
     model_path.write_text(json.dumps(VL_MINI_CONFIG, indent=2) + "\n")
     everything = runs()
-    for machine in ("x1", "x2"):
-        lines = [json.dumps(r.line(), sort_keys=True) for r in split(everything, machine)]
+    lists = {machine: split(everything, machine) for machine in ("x1", "x2")}
+    lists["x4"] = runs_x4()
+    for machine, chosen in lists.items():
+        lines = [json.dumps(r.line(), sort_keys=True) for r in chosen]
         (out / f"h200-{machine}.jsonl").write_text("\n".join(lines) + "\n")
         print(f"{out / f'h200-{machine}.jsonl'}: {len(lines)} runs")
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call on a lent 4-GPU H200 node (issue #6), resumable across calls while the machine
+# stays warm: state lives in /tmp/state and is copied to $OUT at the end of every call.
+#   bash scripts/h200_x4_session.sh BUDGET_S SWEEP.jsonl [SWEEP.jsonl ...]
+# 1. collectives and overlap at group sizes 2 and 4 (once), 2. each sweep in turn, same budget.
+set -u
+budget=$1; shift
+end=$(( $(date +%s) + budget ))
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DS_SKIP_CUDA_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
+{ date -u; nproc; free -g | head -2; nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu,power.draw --format=csv; nvidia-smi topo -m;
+  python3 -c 'import torch, deepspeed, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count()); print("deepspeed", deepspeed.__version__)'; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+if [ ! -f "$STATE/collectives.done" ]; then
+  timeout $(( end - $(date +%s) - 30 )) python3 -m advisor.cli calibrate --gpus "$gpus" --name h200 \
+    --only collective --only overlap --fill-from data/profiles/h200.json --out "$STATE/h200-x$gpus-collectives.json" 2>&1 | tail -n 40 \
+    && [ -f "$STATE/h200-x$gpus-collectives.json" ] && touch "$STATE/collectives.done"
+fi
+for sweep in "$@"; do
+  left=$(( end - $(date +%s) - 25 )); [ "$left" -gt 60 ] || break
+  name=$(basename "$sweep" .jsonl)
+  python3 -m advisor.cli validate --sweep "$sweep" --profile data/profiles/h200.json --store "$STATE/runs.db" \
+    --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/vruns" --budget "$left" --timeout 240 2>&1 | tail -n 60
+done
+cp "$STATE"/*.json "$STATE"/*.jsonl "$OUT"/ 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$STATE" vruns 2>/dev/null
+ls -la "$OUT"
