@@ -31,14 +31,23 @@ def _q(value: float, unit: str, source: str) -> dict:
     return {"value": float(value), "unit": unit, "source": source}
 
 
-def _relabel(node: dict, prefix: str) -> dict:
+def relabel(node: dict, prefix: str) -> dict:
     """Copy of a quantity or curve (or a group of them) with `prefix` before every source."""
     if "source" in node:
         return dict(node, source=prefix + node["source"])
-    return {k: _relabel(v, prefix) if isinstance(v, dict) else v for k, v in node.items()}
+
+    def one(v):
+        if isinstance(v, dict):
+            return relabel(v, prefix)
+        return [one(x) for x in v] if isinstance(v, list) else v
+
+    return {k: one(v) for k, v in node.items()}
 
 
 def _span(values, unit="B") -> str:
+    """'32 KiB-512 MiB'; '?' for no values (a family left out with --only)."""
+    if not values:
+        return "?"
     lo, hi = min(values), max(values)
     fmt = (lambda v: f"{v / 2**20:g} MiB" if v >= 2**20 else f"{v / 2**10:g} KiB") if unit == "B" else str
     return f"{fmt(lo)}-{fmt(hi)}"
@@ -77,7 +86,7 @@ class ProfileBuilder:
         node = self.ref.model_dump()
         for part in path.split("."):
             node = node[part]
-        return _relabel(node, f"from profile '{self.ref.name}' ({why}): ")
+        return relabel(node, f"from profile '{self.ref.name}' ({why}): ")
 
     def _curve(self, rows, xk, yk, x_unit, y_unit, what) -> dict | None:
         if not rows:
@@ -111,7 +120,7 @@ class ProfileBuilder:
                 if cap is None:
                     self.missing.append("gpu.power_cap (NVML unavailable: pip install nvidia-ml-py)")
         hbm_src = (f"{tag}: multi-threaded host memory copy, bytes read + written" if self.cpu else
-                   f"measured: device-to-device copy of {_span([r['bytes'] for r in hbm]) if hbm else '?'}, "
+                   f"measured: device-to-device copy of {_span([r['bytes'] for r in hbm])}, "
                    "bytes read + written, best size")
         return {
             "name": env["gpu"] or f"{env['host_cpu']} (CPU profile)",
@@ -184,9 +193,27 @@ class ProfileBuilder:
         return {"alpha": alpha, "bus_bandwidth": bw,
                 "group_size_measured": _q(size, "count", f"ranks in the measured group ({scope})")}
 
+    def intra_sizes_measured(self, op: str) -> list[int]:
+        return sorted({r["group_size"] for r in self.family("collective")
+                       if r["op"] == op and r["scope"] == "intra" and r["group_size"] >= 2})
+
+    def intra_collective(self, op: str, local: int) -> dict | None:
+        """The node-wide group's constants, plus each smaller group measured (full mode)."""
+        node = self.collective(op, "intra", local, "intra_node")
+        sizes = self.intra_sizes_measured(op)
+        if node is None or len(sizes) < 2:
+            return node
+        points = []
+        for size in sizes:
+            c = self.collective(op, "intra", size, "intra_node")
+            if c is not None:
+                points.append({"group_size": c["group_size_measured"], "alpha": c["alpha"],
+                               "bus_bandwidth": c["bus_bandwidth"]})
+        return dict(node, by_group_size=points)
+
     def networks(self) -> tuple[dict, dict]:
         local, world = int(self.env["gpus_per_node"]), int(self.env["world_size"])
-        intra = {op: self.collective(op, "intra", local, "intra_node") for op in COLLECTIVE_OPS}
+        intra = {op: self.intra_collective(op, local) for op in COLLECTIVE_OPS}
         if world > local:
             inter = {op: self.collective(op, "inter", world, "inter_node") for op in COLLECTIVE_OPS}
         else:
@@ -197,7 +224,8 @@ class ProfileBuilder:
                     inter[op] = ref
                 elif intra[op] is not None:
                     inter[op] = {k: dict(v, source=f"not measured (single-node calibration): placeholder copied "
-                                         f"from intra_node: {v['source']}") for k, v in intra[op].items()}
+                                         f"from intra_node: {v['source']}")
+                                for k, v in intra[op].items() if k != "by_group_size"}
                 else:
                     inter[op] = None
         return intra, inter
@@ -306,12 +334,30 @@ class ProfileBuilder:
             "gpu": self.gpu(), "host": self.host(), "intra_node": intra, "inter_node": inter,
             "overlap": self.overlap(), "power": self.power(), "overheads": self.overheads(), "memory": self.memory(),
         }
+        if self.missing and self.ref is not None:
+            unfilled = self._fill_unmeasured(profile, self.ref.model_dump(), "")
+            self.missing = [f"{path} (not measured, and the reference has none)" for path in unfilled]
         if self.missing:
             raise MissingMeasurements(
                 "cannot write the profile, these were not measured: " + "; ".join(self.missing) +
                 ". Run the same command again to retry only what is missing (the raw file is kept), "
                 "or pass --fill-from PROFILE to take them from another profile.")
         return profile
+
+    def _fill_unmeasured(self, node: dict, ref: dict, path: str) -> list[str]:
+        """Replace each None in `node` by the reference profile's value, labelled; return the
+        paths the reference could not fill. This is what `--only FAMILY --fill-from PROFILE` uses."""
+        unfilled = []
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else key
+            if value is None:
+                if isinstance(ref, dict) and ref.get(key) is not None:
+                    node[key] = relabel(ref[key], f"from profile '{self.ref.name}' (not measured in this calibration): ")
+                else:
+                    unfilled.append(where)
+            elif isinstance(value, dict) and "source" not in value and isinstance(ref, dict) and key in ref:
+                unfilled += self._fill_unmeasured(value, ref[key], where)
+        return unfilled
 
     def notes(self) -> str:
         env = self.env

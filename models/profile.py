@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
@@ -136,12 +136,46 @@ class HostSpec(_Strict):
     cpu_adam: ParamsPerSecond
 
 
+class CollectiveAtSize(_Strict):
+    """The alpha-beta constants measured for one group size."""
+
+    group_size: Count
+    alpha: Seconds
+    bus_bandwidth: BytesPerSecond
+
+
 class Collective(_Strict):
-    """Alpha-beta model: time = alpha + bus_factor(op, n) * bytes / bus_bandwidth."""
+    """Alpha-beta model: time = alpha + bus_factor(op, n) * bytes / bus_bandwidth.
+
+    `alpha` and `bus_bandwidth` hold for `group_size_measured`. Bus bandwidth still changes with
+    the group (NVLink: about +30% from 2 to 4 ranks on H200), so a profile calibrated at several
+    sizes lists them in `by_group_size`; the model interpolates in log2(group size) between them
+    and holds the end values outside their range.
+    """
 
     alpha: Seconds
     bus_bandwidth: BytesPerSecond
     group_size_measured: Count
+    by_group_size: list[CollectiveAtSize] = []
+
+    @field_validator("by_group_size")
+    @classmethod
+    def _sizes_increase(cls, points: list[CollectiveAtSize]) -> list[CollectiveAtSize]:
+        sizes = [p.group_size.value for p in points]
+        if any(b <= a for a, b in zip(sizes, sizes[1:])) or any(n < 2 for n in sizes):
+            raise ValueError(f"group sizes must be >= 2 and strictly increasing, got {sizes}")
+        return points
+
+    def constants_at(self, group_size) -> tuple[np.ndarray, np.ndarray]:
+        """(alpha_s, bus_bandwidth_bytes_per_s) for each group size in `group_size`."""
+        n = np.asarray(group_size, dtype=float)
+        if not self.by_group_size:
+            return np.full_like(n, self.alpha.value), np.full_like(n, self.bus_bandwidth.value)
+        log_sizes = np.log2([p.group_size.value for p in self.by_group_size])
+        log_n = np.log2(np.maximum(n, 1.0))
+        alpha = np.interp(log_n, log_sizes, [p.alpha.value for p in self.by_group_size])
+        bandwidth = np.interp(log_n, log_sizes, [p.bus_bandwidth.value for p in self.by_group_size])
+        return alpha, bandwidth
 
 
 class Network(_Strict):

@@ -64,8 +64,8 @@ def collective_s(profile: HardwareProfile, op: str, total_bytes, calls, n, intra
     eff = profile.overheads.comm_efficiency.value
 
     def one(net: Network):
-        c = getattr(net, op)
-        return calls * c.alpha.value + bus_factor(op, n) * total_bytes / (c.bus_bandwidth.value * eff)
+        alpha_s, bus_bytes_per_s = getattr(net, op).constants_at(n)
+        return calls * alpha_s + bus_factor(op, n) * total_bytes / (bus_bytes_per_s * eff)
 
     t = np.where(intra, one(profile.intra_node), one(profile.inter_node))
     return np.where(np.asarray(n) > 1, t, 0.0)

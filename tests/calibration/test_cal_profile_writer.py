@@ -4,6 +4,8 @@ import copy
 import pytest
 from cal_helpers import ALPHA_S, BUS_BW, env, gpu_results, rr
 
+from calibration.fitting import bus_factor
+
 from calibration.profile_writer import MissingMeasurements, build_profile
 from models.profile import HardwareProfile, ProfileError, parse_profile
 
@@ -134,3 +136,37 @@ def test_every_constant_has_a_source():
 
     walk(p.model_dump())
     assert isinstance(p, HardwareProfile)
+
+
+def _collectives_at(sizes, bus_bw_by_size):
+    out = {}
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for g in sizes:
+            for n in (2**16, 2**20, 2**24, 2**28):
+                t = ALPHA_S + bus_factor(op, g) * n / bus_bw_by_size[g]
+                out[f"collective/{op}/intra/g{g}/{n}B"] = rr(
+                    f"collective/{op}/intra/g{g}/{n}B", "collective",
+                    {"op": op, "scope": "intra", "group_size": g, "bytes": n, "time_s": t,
+                     "algbw_bytes_per_s": n / t, "backend": "nccl", "dtype": "bfloat16"})
+    return out
+
+
+def test_smaller_groups_measured_on_a_node_are_kept_by_group_size():
+    results = {k: v for k, v in gpu_results(world=4).items() if not k.startswith("collective/")}
+    results.update(_collectives_at((2, 4), {2: 270e9, 4: 350e9}))
+    p = parse_profile(build(results, env(world=4, local=4)))
+    ag = p.intra_node.all_gather
+    assert ag.group_size_measured.value == 4 and ag.bus_bandwidth.value == pytest.approx(350e9, rel=1e-4)
+    assert [c.group_size.value for c in ag.by_group_size] == [2, 4]
+    alpha, bw = ag.constants_at([2, 3, 4, 8])
+    assert bw[0] == pytest.approx(270e9, rel=1e-4) and bw[2] == pytest.approx(350e9, rel=1e-4)
+    assert 270e9 < bw[1] < 350e9 and bw[3] == pytest.approx(350e9, rel=1e-4)  # held beyond the range
+    assert p.inter_node.all_gather.by_group_size == []  # the single-node placeholder copies no sizes
+
+
+def test_only_collectives_with_a_reference_fills_the_rest():
+    results = _collectives_at((2, 4), {2: 270e9, 4: 350e9})
+    ref = parse_profile(build(name="reference"))
+    p = parse_profile(build(results, env(world=4, local=4), fill_from=ref))
+    assert p.gpu.gemm_bf16.source.startswith("from profile 'reference'")
+    assert p.intra_node.all_reduce.by_group_size[1].bus_bandwidth.value == pytest.approx(350e9, rel=1e-4)

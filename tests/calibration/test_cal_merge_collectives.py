@@ -1,0 +1,49 @@
+"""Merging a calibration's collectives into a fitted profile keeps everything else."""
+import json
+
+import pytest
+from cal_helpers import env, gpu_results
+
+from calibration.merge_collectives import main, merged_profile
+from calibration.profile_writer import build_profile
+from calibration.rawlog import RawLog
+from models.profile import parse_profile
+
+
+def _profile_file(tmp_path):
+    data = build_profile(env(), gpu_results(), name="node", raw_file="base.raw.jsonl")
+    data["overheads"]["compute_efficiency"]["value"] = 0.71  # stands for a fitted constant
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _raw_file(tmp_path, world=4):
+    raw = RawLog(tmp_path / "x4.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": world,
+                                            "nodes": 1, "quick": False, "machine": "node4"})
+    for r in gpu_results(world=world).values():
+        if r.family == "collective":
+            raw.append(r)
+    return raw.path
+
+
+def test_merge_replaces_intra_collectives_and_keeps_fitted_constants(tmp_path):
+    merged = parse_profile(merged_profile(_raw_file(tmp_path), _profile_file(tmp_path)))
+    assert merged.intra_node.all_gather.group_size_measured.value == 4
+    assert merged.intra_node.all_gather.alpha.source.startswith("x4.raw.jsonl: measured")
+    assert merged.overheads.compute_efficiency.value == pytest.approx(0.71)
+    assert merged.inter_node.all_gather.group_size_measured.value == 2  # untouched
+    assert "x4.raw.jsonl" in merged.provenance.notes
+
+
+def test_merge_refuses_a_raw_file_without_collectives(tmp_path):
+    raw = RawLog(tmp_path / "empty.raw.jsonl", {"kind": "measured", "device": "x", "gpus_per_node": 4, "nodes": 1,
+                                               "quick": False, "machine": "m"})
+    with pytest.raises(ValueError, match="no intra-node collective"):
+        merged_profile(raw.path, _profile_file(tmp_path))
+
+
+def test_cli_writes_the_merged_profile(tmp_path):
+    out = tmp_path / "merged.json"
+    main([str(_raw_file(tmp_path)), "--into", str(_profile_file(tmp_path)), "--out", str(out)])
+    assert parse_profile(json.loads(out.read_text())).intra_node.all_reduce.group_size_measured.value == 4
