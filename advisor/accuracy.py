@@ -301,15 +301,20 @@ class AccuracyReport:
     ranks: list[RankCheck]
     targets: list[Target]
     compared: list[Compared] = field(repr=False)
+    slices: list[FamilyRow] = field(default_factory=list)  # by GPU count, multimodal: across families
 
     def to_dict(self) -> dict:
         def stats(s: ErrorStats) -> dict:
             return {"n": s.n, "mape": s.mape, "max_abs_error": s.max_abs, "worst_run": s.worst, "spearman": s.spearman}
 
+        def row(f: FamilyRow) -> dict:
+            return {"family": f.family, "n": f.n, "step_time": stats(f.time), "gpu_energy": stats(f.energy),
+                    "allocated_gpu_mem": stats(f.memory)}
+
         return {
             "mode": self.mode, "profile": self.profile,
-            "families": [{"family": f.family, "n": f.n, "step_time": stats(f.time), "gpu_energy": stats(f.energy),
-                          "allocated_gpu_mem": stats(f.memory)} for f in self.families],
+            "families": [row(f) for f in self.families],
+            "slices": [row(f) for f in self.slices],
             "ranking": [vars(r) for r in self.ranks],
             "targets": [{"name": t.name, "value": t.value, "limit": t.limit, "verdict": t.verdict} for t in self.targets],
             "runs": [{"run_id": c.run.run_id, "label": c.run.label, "family": c.run.family,
@@ -347,10 +352,16 @@ def accuracy_report(compared: list[Compared], mode: str, profile: str) -> Accura
         return FamilyRow(name, len(members), error_stats(members, "time"), error_stats(members, "energy"),
                          error_stats(members, "memory"))
 
+    by_gpus: dict[int, list[Compared]] = {}
+    for c in compared:
+        by_gpus.setdefault(c.run.strategy.gpus, []).append(c)
+    vision = [c for c in compared if c.run.workload.arch.vision is not None]
     overall = row("all", compared)
     rows = [overall] + [row(name, by_family[name]) for name in sorted(by_family)]
+    slices = [row(f"{n} GPU{'s' if n > 1 else ''}", by_gpus[n]) for n in sorted(by_gpus)]
+    slices += [row("multimodal", vision)] if vision else []
     ranks = rank_checks(compared)
-    return AccuracyReport(mode, profile, rows, ranks, targets(overall, ranks), compared)
+    return AccuracyReport(mode, profile, rows, ranks, targets(overall, ranks), compared, slices)
 
 
 def _pct(x: float | None) -> str:
@@ -366,7 +377,7 @@ def format_report(report: AccuracyReport) -> str:
     head = (f"{'family':<22}{'n':>4}  {'time MAPE':>9} {'max':>7} {'rho':>5}  {'energy MAPE':>11} {'max':>7} "
             f"{'rho':>5}  {'mem MAPE':>8} {'max':>7}")
     lines = [f"Accuracy ({report.mode}) of {report.profile}", head, "-" * len(head)]
-    for f in report.families:
+    for f in report.families[:1] + report.slices + report.families[1:]:
         lines.append(f"{f.family:<22}{f.n:>4}  {_pct(f.time.mape):>9} {_pct(f.time.max_abs):>7} {_rho(f.time.spearman):>5}"
                      f"  {_pct(f.energy.mape):>11} {_pct(f.energy.max_abs):>7} {_rho(f.energy.spearman):>5}"
                      f"  {_pct(f.memory.mape):>8} {_pct(f.memory.max_abs):>7}")

@@ -229,12 +229,18 @@ class Overheads(_Strict):
     (kernel launches, autograd, DeepSpeed's hooks): a GPU whose work per micro-step is
     shorter than the host's waits for it. The offload terms are per billion parameters
     stepped on the CPU, synchronous and SuperOffload apart, since their code paths differ.
+    `host_sync_per_doubling` is how much that issue time grows each time the ranks double:
+    every collective on the issue path waits for the slowest rank (on H200, ZeRO-3's per-module
+    cost at 4 GPUs was about twice that at 1-2). Zero, its default, for profiles fitted without
+    runs on several GPU counts.
     """
 
     step: Seconds
     micro_step: Seconds
     layer_pass: Seconds
     zero3_module_pass: Seconds
+    host_sync_per_doubling: Fraction = Quantity(
+        value=0.0, unit="fraction", source="not fitted: no runs on several GPU counts (neutral value)")
     offload_step_per_gparam: Seconds
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction

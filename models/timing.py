@@ -294,6 +294,7 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     layer_passes = 2 * a.num_layers + n_ck
     # ZeRO-3's fetch/release hooks run on the same host thread that issues the kernels.
     host_issue = ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value
+    host_issue = host_issue * (1.0 + ov.host_sync_per_doubling.value * np.log2(np.maximum(b.gpus, 1.0)))
     normal_gpu = c_f + c_b + wf.extra + wbn.extra
     last_gpu = c_f + c_b + wf.extra + wbl.extra
     overhead = overhead + normal * _host_wait(host_issue, normal_gpu) + _host_wait(host_issue, last_gpu)

@@ -118,3 +118,16 @@ def test_ranking_uses_energy_per_token(small_runs):
     assert check.pick == a.strategy.label() and check.best == b.strategy.label()
     verdict = {t.name: t.verdict for t in accuracy_report(compared, "as-is", "t").targets}
     assert verdict["least-energy pick vs best measured (worst group)"] == "MISS"
+
+
+def test_slices_by_gpu_count_cut_across_families(small_runs):
+    one = small_runs[0]
+    four = dataclasses.replace(one, strategy=dataclasses.replace(one.strategy, gpus=4, gpus_per_node=4))
+    compared = [_compared(one, 1.0, 100.0, 10.0, 1.1, 100.0, 10.0),   # +10% on 1 GPU
+                _compared(four, 1.0, 100.0, 10.0, 0.8, 100.0, 10.0)]  # -20% on 4 GPUs
+    report = accuracy_report(compared, "as-is", "t")
+    slices = {s.family: s for s in report.slices}
+    assert set(slices) == {"1 GPU", "4 GPUs"}
+    assert slices["1 GPU"].time.max_abs == pytest.approx(0.10) and slices["4 GPUs"].time.max_abs == pytest.approx(0.20)
+    assert sum(f.n for f in report.families[1:]) == 2  # families still partition the runs
+    assert "4 GPUs" in format_report(report) and report.to_dict()["slices"][1]["n"] == 1
