@@ -1,6 +1,6 @@
 """The numbers of record: how well the shipped profile predicts the shipped real runs.
 
-    python benchmarks/accuracy.py [--profile h200] [--runs 'data/runs/*.jsonl'] [--json]
+    python benchmarks/accuracy.py [--profile h200] [--runs 'data/runs/*.jsonl'] [--plot PNG] [--json]
 
 Leave-one-out: for each shipped run, the profile's constants are refitted (from the profile's
 pre-fit values, `models.fit.prefit_profile`) to the other runs, and that profile predicts the
@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="h200", help="shipped profile name or JSON path (default h200)")
     p.add_argument("--runs", default=str(REPO / "data/runs/*.jsonl"), help="glob of run files")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    p.add_argument("--plot", type=Path, help="write the leave-one-out predicted-against-measured plot (PNG) here")
     args = p.parse_args(argv)
 
     paths = sorted(glob.glob(args.runs))
@@ -61,6 +62,10 @@ def main(argv=None) -> int:
     loo = accuracy_report(compare_held_out(held), "leave-one-out", base.describe())
     as_is = accuracy_report(compare_as_is(run_set.runs, profile), "as-is, in-sample where fitted to these runs",
                             profile.describe())
+    if args.plot:
+        from advisor.cmd_fit import accuracy_plot
+
+        accuracy_plot(loo, args.plot)
     if args.json:
         print(json.dumps({"runs": paths, "summary": run_set.summary(), "seconds": seconds,
                           "prior_strength": strength, "cross_validation": {str(k): v for k, v in scores.items()},
