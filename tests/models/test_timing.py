@@ -12,7 +12,8 @@ from models.flops import micro_step_work
 from models.params import LLM_MODULES_PER_LAYER, count_params
 from models.predict import predict, predict_batch
 from models.strategy import Strategy
-from models.timing import PHASES, _overlap, bus_factor
+from models.profile import parse_profile
+from models.timing import PHASES, _overlap, bus_factor, collective_s
 from models.workload import Workload
 
 W7 = Workload(load_architecture("llama-2-7b"), 4096)
@@ -233,3 +234,33 @@ def test_vision_phases_frozen_and_trained(gh200):
     assert t["vision_recompute"] > 0
     assert t["vision_compute"] > 2 * f["vision_compute"]  # backward through the encoder
     assert _phases(s, gh200, Workload(a, 32768))["vision_compute"] == 0.0
+
+
+def test_host_issue_time_grows_per_doubling_of_the_ranks():
+    base = {"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 3e-3}
+    small = Workload(load_architecture("qwen2.5-0.5b"), 2048)  # host-bound: the GPU waits for the host
+    flat = profile_with(dict(base, **{"overheads.host_sync_per_doubling": 0.0}))
+    growing = profile_with(dict(base, **{"overheads.host_sync_per_doubling": 0.5}))
+    one = Strategy(zero_stage=2)
+    four = Strategy(zero_stage=2, gpus=4, gpus_per_node=4)
+    assert _phases(one, growing, small)["deepspeed_overhead"] == pytest.approx(
+        _phases(one, flat, small)["deepspeed_overhead"])  # one rank: nothing to wait for
+    waited = _phases(four, growing, small)["deepspeed_overhead"]
+    host_s = 3e-3 * 2 * 24 * (1 + 0.5 * 2)  # two doublings from 1 to 4 ranks
+    assert waited > _phases(four, flat, small)["deepspeed_overhead"]
+    assert waited < host_s
+
+
+def test_collectives_use_the_bandwidth_measured_for_their_group_size(gh200):
+    data = gh200.model_dump()
+    ag = data["intra_node"]["all_gather"]
+    q = lambda v, u: {"value": v, "unit": u, "source": "test"}  # noqa: E731
+    ag["by_group_size"] = [{"group_size": q(2, "count"), "alpha": q(30e-6, "s"), "bus_bandwidth": q(200e9, "bytes/s")},
+                           {"group_size": q(8, "count"), "alpha": q(60e-6, "s"), "bus_bandwidth": q(400e9, "bytes/s")}]
+    p = parse_profile(data, origin="test")
+    eff = p.overheads.comm_efficiency.value
+    at = lambda n: float(collective_s(p, "all_gather", 2**30, 1, n, True))  # noqa: E731
+    assert at(2) == pytest.approx(30e-6 + 0.5 * 2**30 / (200e9 * eff))
+    assert at(8) == pytest.approx(60e-6 + 0.875 * 2**30 / (400e9 * eff))
+    assert at(4) == pytest.approx(45e-6 + 0.75 * 2**30 / (300e9 * eff))  # halfway in log2
+    assert at(16) == pytest.approx(60e-6 + (15 / 16) * 2**30 / (400e9 * eff))  # held beyond the range
