@@ -1,7 +1,7 @@
 """Predicted GPU memory against the real runs: how far `allocated_gpu_mem_gib` is from
 torch.cuda.max_memory_allocated (max over ranks) of each shipped run.
 
-    python benchmarks/memory_accuracy.py [--runs data/runs/h200.jsonl] [--profile h200] [--reserved]
+    python benchmarks/memory_accuracy.py [--runs 'data/runs/*.jsonl'] [--profile h200] [--reserved]
 
 Allocated is compared with allocated (like with like). `phase` is the moment of the step at
 which the model puts the peak (models.memory.PHASES). `--reserved` adds the measured
@@ -11,6 +11,7 @@ reserve), which is what decides feasibility. Runs that did not finish are listed
 from __future__ import annotations
 
 import argparse
+import glob
 import sys
 from pathlib import Path
 
@@ -38,14 +39,14 @@ def peak_phase(run, profile) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", default=str(REPO_ROOT / "data" / "runs" / "h200.jsonl"))
+    p.add_argument("--runs", default=str(REPO_ROOT / "data" / "runs" / "*.jsonl"), help="glob of run files")
     p.add_argument("--profile", default="h200")
     p.add_argument("--reserved", action="store_true", help="also show reserved memory and the predicted peak")
     args = p.parse_args(argv)
 
     profile = load_profile(args.profile)
     rows, skipped = [], []
-    for record in read_records([args.runs]):
+    for record in read_records(sorted(glob.glob(args.runs))):
         try:
             run = to_measured_run(record)
         except ValueError as exc:
