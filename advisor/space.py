@@ -50,11 +50,6 @@ def checkpoint_fields(choice: str) -> dict:
     return {"checkpoint_every": every, "cpu_checkpointing": cpu == "cpu"}
 
 
-def checkpoint_name(checkpoint_every: int, cpu_checkpointing: bool) -> str:
-    base = {0: "none", 1: "full"}.get(checkpoint_every, f"every-{checkpoint_every}")
-    return base + ("+cpu" if cpu_checkpointing else "")
-
-
 def family_name(zero_stage: int, offload: str) -> str:
     return f"z{zero_stage}" + ("" if offload == "none" else f"+{offload}")
 

@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from advisor.space import build_space, checkpoint_fields, checkpoint_name, offload_fields
+from advisor.space import build_space, checkpoint_fields, offload_fields
 from models.architecture import load_architecture
 from models.strategy import static_reasons
 
@@ -59,9 +59,10 @@ def test_offload_names(name):
     assert f["offload_ratio"] == (0.5 if name == "cpu-r0.5" else 1.0)
 
 
-def test_checkpoint_names_round_trip():
-    for name in ("none", "full", "full+cpu", "every-2", "every-4+cpu"):
-        f = checkpoint_fields(name)
-        assert checkpoint_name(f["checkpoint_every"], f["cpu_checkpointing"]) == name
+def test_checkpoint_choices_parse():
+    expected = {"none": (0, False), "full": (1, False), "full+cpu": (1, True), "every-2": (2, False),
+                "every-4+cpu": (4, True)}
+    for name, (every, cpu) in expected.items():
+        assert checkpoint_fields(name) == {"checkpoint_every": every, "cpu_checkpointing": cpu}
     with pytest.raises(ValueError):
         checkpoint_fields("sometimes")
