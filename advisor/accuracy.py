@@ -112,7 +112,7 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
                         train_vision=not c.freeze_vision)
     energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
     return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
-                       r.peak_gpu_reserved_gib, run_id=record.key, label=_label(c, strategy))
+                       r.peak_gpu_reserved_gib, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy))
 
 
 def to_run_set(records: list[RunRecord]) -> RunSet:

@@ -61,7 +61,7 @@ def _parameter_rows(model) -> list[dict]:
              "informed": f.informed} for f in model.parameters_.values()]
 
 
-def _format_parameters(rows: list[dict], fragmentation: float | None) -> str:
+def _format_parameters(rows: list[dict], fragmentation: float | None, host_process_gib: float | None) -> str:
     lines = [f"{'constant':<44}{'start':>11}{'fitted':>11}{'+-':>10}  note"]
     for r in rows:
         std = "-" if r["std"] is None else f"{r['std']:.3g}"
@@ -69,6 +69,9 @@ def _format_parameters(rows: list[dict], fragmentation: float | None) -> str:
         lines.append(f"{r['name']:<44}{r['start']:>11.4g}{r['value']:>11.4g}{std:>10}  {note}")
     if fragmentation is not None:
         lines.append(f"{'memory.fragmentation':<44}{'':>11}{fragmentation:>11.4g}{'-':>10}  median reserved/allocated - 1")
+    if host_process_gib is not None:
+        lines.append(f"{'memory.host_process_per_rank':<44}{'':>11}{host_process_gib:>11.4g}{'-':>10}  "
+                     "median host GiB per rank, runs without offload")
     return "\n".join(lines)
 
 
@@ -130,7 +133,7 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, res
         click.echo(json.dumps({
             "profile_out": str(out), "base_profile": base.describe(), "runs": _runs_summary(run_set),
             "prior_strength": strength, "cross_validation": {str(k): v for k, v in scores.items()},
-            "parameters": rows, "fragmentation": model.fragmentation_,
+            "parameters": rows, "fragmentation": model.fragmentation_, "host_process_per_rank_gib": model.host_process_,
             "leave_one_out": report.to_dict() if report else None,
             "residual": [vars(c) for c in checks] if checks is not None else None,
         }))
@@ -141,7 +144,7 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, res
                    + ", ".join(f"{k:g}: {v:.3f}" for k, v in scores.items()) + f"; chose {strength:g}")
     for line in run_set.skipped:
         click.echo(f"  unusable: {line}")
-    click.echo(_format_parameters(rows, model.fragmentation_))
+    click.echo(_format_parameters(rows, model.fragmentation_, model.host_process_))
     if report:
         click.echo("")
         click.echo(format_report(report))

@@ -40,6 +40,7 @@ class MeasuredRun:
     gpu_energy_j: float | None  # per step, summed over the job's GPUs; None when not measured
     peak_gpu_mem_gib: float | None  # torch.cuda.max_memory_allocated, max over ranks
     peak_gpu_reserved_gib: float | None = None  # torch.cuda.max_memory_reserved, max over ranks
+    peak_host_mem_gib: float | None = None  # peak resident host memory, summed over the job's ranks
     run_id: str = ""
     label: str = ""
 
@@ -194,7 +195,7 @@ class ProfileFit:
 
     def __init__(self, parameters: tuple[FitParameter, ...] | None = None, prior_strength: float = 1e-3,
                  loss: str = "soft_l1", f_scale: float = 0.1, max_nfev: int | None = None, tol: float = 1e-8,
-                 min_effect: float = 1e-3, uninformed: str = "keep", fit_fragmentation: bool = True,
+                 min_effect: float = 1e-3, uninformed: str = "keep", fit_memory: bool = True,
                  energy_target: str = "power", data_note: str = ""):
         self.parameters = parameters
         self.prior_strength = prior_strength
@@ -204,13 +205,13 @@ class ProfileFit:
         self.tol = tol
         self.min_effect = min_effect
         self.uninformed = uninformed
-        self.fit_fragmentation = fit_fragmentation
+        self.fit_memory = fit_memory
         self.energy_target = energy_target
         self.data_note = data_note
 
     def get_params(self) -> dict:
         return {k: getattr(self, k) for k in ("parameters", "prior_strength", "loss", "f_scale", "max_nfev", "tol",
-                                              "min_effect", "uninformed", "fit_fragmentation", "energy_target", "data_note")}
+                                              "min_effect", "uninformed", "fit_memory", "energy_target", "data_note")}
 
     def _residual_functions(self, runs: list[MeasuredRun]) -> dict[str, tuple[np.ndarray, Callable]]:
         """For "time" and "energy": (which runs have that measurement, residuals(profile) over them).
@@ -273,7 +274,8 @@ class ProfileFit:
             fitted.update(self._fit_stage(stage, values, base_profile, residuals, start, warm_start or {}, informed))
             values.update({name: f.value for name, f in fitted.items()})
 
-        self.fragmentation_ = self._fragmentation(runs) if self.fit_fragmentation else None
+        self.fragmentation_ = self._fragmentation(runs) if self.fit_memory else None
+        self.host_process_ = self._host_process(runs) if self.fit_memory else None
         self.parameters_ = fitted
         self.values_ = {name: f.value for name, f in fitted.items() if f.informed}
         self.n_runs_ = len(runs)
@@ -328,6 +330,17 @@ class ProfileFit:
                   if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0]
         return float(np.clip(np.median(ratios) - 1.0, 0.0, 0.5)) if ratios else None
 
+    @staticmethod
+    def _host_process_runs(runs: list[MeasuredRun]) -> list[MeasuredRun]:
+        return [r for r in runs if r.peak_host_mem_gib and r.strategy.offload_optimizer == "none"
+                and r.strategy.offload_param == "none" and not r.strategy.cpu_checkpointing]
+
+    @classmethod
+    def _host_process(cls, runs: list[MeasuredRun]) -> float | None:
+        """A training process's own host memory: median per rank over runs that offload nothing."""
+        per_rank = [r.peak_host_mem_gib / r.strategy.gpus for r in cls._host_process_runs(runs)]
+        return float(np.median(per_rank)) if per_rank else None
+
     def _fitted_profile(self, base: HardwareProfile, runs: list[MeasuredRun]) -> HardwareProfile:
         date = datetime.now(timezone.utc).date().isoformat()
         n = len(runs)
@@ -342,6 +355,11 @@ class ProfileFit:
             values["memory.fragmentation"] = self.fragmentation_
             how["memory.fragmentation"] = (f"{self.fragmentation_:.4g}, median over {n_res} measured runs of torch "
                                            "max_memory_reserved / max_memory_allocated - 1")
+        if self.host_process_ is not None:
+            values["memory.host_process_per_rank"] = self.host_process_
+            how["memory.host_process_per_rank"] = (
+                f"{self.host_process_:.4g}, median per rank over {len(self._host_process_runs(runs))} measured runs "
+                "without offload of peak resident host memory")
         for name, text in how.items():  # the pre-fit value and source stay readable: see prefit_profile
             old = getattr_path(base, name)
             sources[name] = f"fitted: {text} (advisor fit, {date}){_BEFORE}{old.value!r} from: {old.source}"

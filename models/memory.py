@@ -310,7 +310,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     reserve = profile.memory.framework_reserved.value * GIB
     peak = allocated * (1.0 + frag) + reserve
     ckpt_host = np.where(cpu_ck, t * n_ck * ckpt, 0.0) + vision_host
-    host_rank = states.host_bytes_per_rank + ckpt_host
+    host_rank = states.host_bytes_per_rank + ckpt_host + profile.memory.host_process_per_rank.value * GIB
     ranks_per_node = np.minimum(b.gpus, b.gpus_per_node)
     return MemoryEstimate(
         model_states_gpu_bytes=states.gpu_bytes, buffers_gpu_bytes=buffers,

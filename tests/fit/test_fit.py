@@ -166,3 +166,21 @@ def test_power_target_does_not_bend_power_to_cover_time_errors(small_specs, base
     true_w = truth.power.gpu.compute.value
     assert by_power.parameters_["power.gpu.compute"].value == pytest.approx(true_w, rel=0.03)
     assert by_energy.parameters_["power.gpu.compute"].value > true_w * 1.05  # bent upwards
+
+
+def test_host_process_memory_is_the_median_per_rank_of_runs_without_offload(small_runs, base):
+    def with_host(run):
+        offloads = run.strategy.offload_optimizer != "none" or run.strategy.offload_param != "none"
+        return dataclasses.replace(run, peak_host_mem_gib=100.0 if offloads else 1.8 * run.strategy.gpus)
+
+    runs = [with_host(r) for r in small_runs]
+    assert any(r.peak_host_mem_gib == 100.0 for r in runs)  # offload runs are there, and must not count
+    fit = ProfileFit(max_nfev=5).fit(runs, base)
+    assert fit.host_process_ == pytest.approx(1.8)
+    p = fit.profile_
+    assert p.memory.host_process_per_rank.value == pytest.approx(1.8)
+    assert p.memory.host_process_per_rank.source.startswith("fitted:")
+    run = runs[0]
+    before, after = predict(run.workload, run.strategy, base), predict(run.workload, run.strategy, p)
+    ranks = min(run.strategy.gpus, run.strategy.gpus_per_node)
+    assert after.peak_host_mem_gib - before.peak_host_mem_gib == pytest.approx(1.8 * ranks)
