@@ -20,12 +20,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from advisor.accuracy import read_records  # noqa: E402
+from advisor.accuracy import Compared, error_stats, read_records, to_measured_run  # noqa: E402
 from models.architecture import load_architecture  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
@@ -38,20 +36,19 @@ SCALING_GPUS = (1, 2, 4)  # Ulysses sp must divide TinyLlama's 4 KV heads: no sp
 
 def before_run_errors(records_by_file: dict[str, list]) -> dict[str, dict]:
     """Per (run file, GPU count): MAPE and worst |error| of the stored pre-run predictions."""
-    errors: dict[str, dict[str, list[float]]] = {}
+    groups: dict[str, list[Compared]] = {}
     for name, records in records_by_file.items():
         for r in records:
             if r.result.status != "ok" or not r.prediction or not r.candidate.strategy:
                 continue
-            errs = errors.setdefault(f"{name} | {r.candidate.strategy['gpus']}", {"time": [], "energy": [], "memory": []})
-            pairs = (("time", "step_time_s", r.result.step_time_s), ("energy", "gpu_energy_j", r.result.gpu_energy_j),
-                     ("memory", "allocated_gpu_mem_gib", r.result.peak_gpu_mem_gib))
-            for metric, key, measured in pairs:
-                if measured:
-                    errs[metric].append((r.prediction[key] - measured) / measured)
-    return {key: {m: {"n": len(v), "mape": float(np.mean(np.abs(v))) if v else None,
-                      "max_abs": float(np.max(np.abs(v))) if v else None} for m, v in errs.items()}
-            for key, errs in sorted(errors.items())}
+            p = r.prediction
+            compared = Compared(to_measured_run(r), p["step_time_s"], p["gpu_energy_j"], p["allocated_gpu_mem_gib"])
+            groups.setdefault(f"{name} | {r.candidate.strategy['gpus']}", []).append(compared)
+    out = {}
+    for key, members in sorted(groups.items()):
+        stats = {metric: error_stats(members, metric) for metric in ("time", "energy", "memory")}
+        out[key] = {m: {"n": e.n, "mape": e.mape, "max_abs": e.max_abs} for m, e in stats.items()}
+    return out
 
 
 def _scaling_strategy(gpus: int) -> Strategy:
