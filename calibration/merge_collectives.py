@@ -26,8 +26,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
     base = load_profile(str(profile))
     env = {"kind": "measured", "host_cores": base.host.cores.value, "gpus_per_node": header["gpus_per_node"]}
     builder = ProfileBuilder(env, results, name=base.name, raw_file=raw_path.name)
-    sizes = sorted({r.data["group_size"] for r in results.values()
-                    if r.family == "collective" and r.status == "ok" and r.data["scope"] == "intra"})
+    sizes = sorted({r["group_size"] for r in builder.family("collective") if r["scope"] == "intra"})
     if not sizes or sizes[-1] < 2:
         raise ValueError(f"{raw_path}: no intra-node collective of two or more ranks to merge")
     data = base.model_dump()
