@@ -205,7 +205,7 @@ class ProfileBuilder:
             return node
         points = []
         for size in sizes:
-            c = self.collective(op, "intra", size, "intra_node")
+            c = node if size == local else self.collective(op, "intra", size, "intra_node")
             if c is not None:
                 points.append({"group_size": c["group_size_measured"], "alpha": c["alpha"],
                                "bus_bandwidth": c["bus_bandwidth"]})
