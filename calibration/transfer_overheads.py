@@ -16,8 +16,9 @@ from pathlib import Path
 
 from models.profile import load_profile, parse_profile
 
-TRANSFERRED = ("step", "layer_pass", "zero3_module_pass", "host_sync_per_doubling", "offload_step_per_gparam",
-               "super_offload_step_per_gparam")
+TRANSFERRED = tuple(f"overheads.{name}" for name in (
+    "step", "layer_pass", "zero3_module_pass", "host_sync_per_doubling", "offload_step_per_gparam",
+    "super_offload_step_per_gparam")) + ("memory.host_process_per_rank",)
 
 
 def transferred_profile(source: str | Path, target: str | Path) -> dict:
@@ -28,10 +29,12 @@ def transferred_profile(source: str | Path, target: str | Path) -> dict:
     runs = re.search(r"to (\d+) measured runs", fitted.provenance.notes)
     what = (f"transferred from the {fitted.name} profile's fit to {runs.group(1) if runs else 'its'} real DeepSpeed "
             f"{fitted.provenance.deepspeed} runs on {fitted.provenance.gpu} with {fitted.provenance.host_cpu} "
-            f"({fitted.provenance.date}): DeepSpeed's host-side cost, assumed similar here; not measured on this machine")
+            f"({fitted.provenance.date}): DeepSpeed's host-side cost and a process's own host memory, assumed "
+            "similar here; not measured on this machine")
     data = load_profile(str(target)).model_dump()
     for name in TRANSFERRED:
-        data["overheads"][name] = dict(getattr(fitted.overheads, name).model_dump(), source=what)
+        section, key = name.split(".")
+        data[section][key] = dict(getattr(getattr(fitted, section), key).model_dump(), source=what)
     note = f" DeepSpeed overhead terms ({', '.join(TRANSFERRED)}) are transferred from the {fitted.name} fit"
     notes = data["provenance"]["notes"]
     data["provenance"]["notes"] = (notes.split(" DeepSpeed overhead terms (")[0]

@@ -14,8 +14,9 @@ def test_gh200_takes_the_h200_fit_labelled_and_keeps_its_own_efficiencies(tmp_pa
     out = parse_profile(json.loads(target.read_text()))
     h200, gh200 = load_profile("h200"), load_profile("gh200")
     for name in TRANSFERRED:
-        q = getattr(out.overheads, name)
-        assert q.value == getattr(h200.overheads, name).value
+        section, key = name.split(".")
+        q = getattr(getattr(out, section), key)
+        assert q.value == getattr(getattr(h200, section), key).value
         assert q.source.startswith("transferred from the h200 profile's fit") and "not measured" in q.source
     assert out.overheads.compute_efficiency == gh200.overheads.compute_efficiency
     assert out.provenance.notes.count("DeepSpeed overhead terms (") == 1  # a rerun replaces the note

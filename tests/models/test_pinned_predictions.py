@@ -127,9 +127,23 @@ def test_the_pin_covers_every_shipped_run():
     assert not missing, f"{len(missing)} shipped runs are not pinned (rewrite the pin): {missing[:1]}"
 
 
+def changed(pinned: dict) -> dict[str, int]:
+    """How many pinned numbers each metric (per profile) would change: what a rewrite moves."""
+    out: dict[str, int] = {}
+    for case, want, have in zip(pinned["cases"], pinned["predictions"], predict_cases(pinned["cases"])):
+        for m in METRICS:
+            if not _close(have[m], want[m]):
+                key = f"{case['profile']} {m}"
+                out[key] = out.get(key, 0) + 1
+    return out
+
+
 if __name__ == "__main__":
+    if "--diff" in sys.argv:
+        print(changed(json.loads(PIN.read_text())) or "no pinned number changes")
+        sys.exit(0)
     if "--write" not in sys.argv:
-        sys.exit("usage: python tests/models/test_pinned_predictions.py --write")
+        sys.exit("usage: python tests/models/test_pinned_predictions.py --write | --diff")
     items = cases()
     PIN.write_text(json.dumps({"cases": items, "predictions": predict_cases(items)}) + "\n")
     print(f"pinned {len(items)} predictions in {PIN}")
