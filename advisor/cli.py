@@ -16,12 +16,14 @@ import click
 from advisor.inputs import (
     InputError,
     check_whole_nodes,
+    counts_within_run,
     default_global_batch,
     parse_count,
     parse_fraction,
     parse_gpus,
     parse_seq,
-    step_global_batch,
+    parse_sequences,
+    writable_path,
 )
 
 DEFAULT_TOKENS = "1B"
@@ -88,6 +90,7 @@ def _module_exists(module: str) -> bool:
 
 
 @click.group(cls=AdvisorGroup)
+@click.version_option(package_name="energy-advisor", prog_name="advisor")
 def main():
     """Energy-aware DeepSpeed configuration advisor: predict step time, energy and memory of
     DeepSpeed strategies from a hardware profile, and recommend one."""
@@ -124,7 +127,7 @@ def _load(model, seq_text, profile, images, frames, image_size, freeze_vision):
 
 
 def _global_batch(text, seq) -> int:
-    return parse_count(text, "--global-batch") if text else default_global_batch(seq)
+    return parse_sequences(text, "--global-batch") if text else default_global_batch(seq)
 
 
 @main.command()
@@ -132,60 +135,55 @@ def _global_batch(text, seq) -> int:
 @click.option("--gpus", type=click.IntRange(min=1), default=None,
               help="GPU count (default: from --ds-config's batch sizes, else one node of the profile).")
 @click.option("--sp", type=click.IntRange(min=1), default=None, help="Ulysses sequence-parallel degree.")
-@click.option("--checkpointing", type=click.Choice(["none", "full"]), default=None, help="Activation checkpointing.")
+@click.option("--checkpointing", default=None,
+              help="Activation checkpointing: none, full or every-K (K-th layers), each optionally +cpu "
+                   "(checkpoints kept in host memory), e.g. every-4+cpu.")
 @click.option("--ds-config", "ds_config_path", type=click.Path(dir_okay=False), default=None,
               help="Read the strategy from an existing DeepSpeed config; explicit flags override it.")
 @click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage.")
-@click.option("--offload-optimizer", type=click.Choice(["none", "cpu"]), default=None)
-@click.option("--offload-param", type=click.Choice(["none", "cpu"]), default=None)
+@click.option("--offload-optimizer", type=click.Choice(["none", "cpu"]), default=None,
+              help="Keep the optimizer state (and its step) on the GPU, or offload it to the host CPU (ZeRO 1-3).")
+@click.option("--offload-ratio", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Share of the optimizer state offloaded (ZeRO-3 with --offload-optimizer cpu; default 1).")
+@click.option("--super-offload/--no-super-offload", default=None,
+              help="SuperOffload: the asynchronous CPU optimizer (ZeRO-3 with --offload-optimizer cpu).")
+@click.option("--offload-param", type=click.Choice(["none", "cpu"]), default=None,
+              help="Keep the bf16 parameters on the host between uses (ZeRO-3 with optimizer offload).")
 @click.option("--micro-batch", type=click.IntRange(min=1), default=None, help="Sequences per GPU per micro-step.")
+@click.option("--grad-accum", type=click.IntRange(min=1), default=None,
+              help="Micro-steps per optimizer step (default: from the global batch).")
+@click.option("--overlap-comm/--no-overlap-comm", default=None,
+              help="DeepSpeed's overlap_comm (default: on for ZeRO-3 only, as DeepSpeed).")
 def predict(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, as_json,
-            gpus, sp, checkpointing, ds_config_path, zero, offload_optimizer, offload_param, micro_batch):
+            gpus, sp, checkpointing, ds_config_path, zero, offload_optimizer, offload_ratio, super_offload,
+            offload_param, micro_batch, grad_accum, overlap_comm):
     """Predict one optimizer step of one strategy: time, energy (GPU and CPU), memory."""
     from dataclasses import asdict
 
-    from advisor.ds_config import DsSettings, gpus_from_batch, load_ds_config, with_defaults
+    from advisor.ds_config import DsSettings, load_ds_config
+    from advisor.strategy_flags import StrategyFlags, strategy_from_inputs
     from models.predict import predict as predict_one
-    from models.strategy import Strategy, static_reasons
 
     arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision)
-    per_node = int(prof.gpus_per_node.value)
     settings = load_ds_config(ds_config_path, arch) if ds_config_path else DsSettings({}, None)
-    fields = dict(settings.fields)
-    explicit = {"zero_stage": zero, "offload_optimizer": offload_optimizer, "offload_param": offload_param,
-                "sp": sp, "micro_batch": micro_batch}
-    fields.update({k: v for k, v in explicit.items() if v is not None})
-    if checkpointing is not None:
-        fields["checkpoint_every"] = {"none": 0, "full": 1}[checkpointing]
-        fields["cpu_checkpointing"] = fields.get("cpu_checkpointing", False) and checkpointing == "full"
-    if offload_optimizer == "none":  # an explicit "none" also drops the config's ratio / SuperOffload
-        fields.update(offload_ratio=1.0, super_offload=False)
-    fields = with_defaults(fields)
-    gpus = gpus or gpus_from_batch(settings, settings.fields.get("sp", 1)) or per_node
-    check_whole_nodes(gpus, per_node)
-    ga_config = fields.pop("grad_accum", None)
-    strategy = Strategy(gpus=gpus, gpus_per_node=min(gpus, per_node), **fields)
-    reasons = static_reasons(strategy, arch)
-    if reasons:
-        raise InputError(f"{strategy.label()}: " + "; ".join(reasons))
-    tbs = settings.train_batch_size
-    if ga_config and (tbs is None or tbs == strategy.micro_batch * ga_config * strategy.dp):
-        grad_accum = ga_config
-    else:
-        target = tbs or _global_batch(global_batch_text, workload.seq_len)
-        grad_accum = step_global_batch(target, strategy.dp, strategy.micro_batch)[1]
-    strategy = Strategy(**{**asdict(strategy), "grad_accum": grad_accum})
+    flags = StrategyFlags(gpus=gpus, zero_stage=zero, offload_optimizer=offload_optimizer, offload_ratio=offload_ratio,
+                          super_offload=super_offload, offload_param=offload_param, checkpointing=checkpointing,
+                          sp=sp, micro_batch=micro_batch, grad_accum=grad_accum, overlap_comm=overlap_comm)
+    strategy = strategy_from_inputs(flags, settings, arch, int(prof.gpus_per_node.value),
+                                    _global_batch(global_batch_text, workload.seq_len))
     pred = predict_one(workload, strategy, prof)
     if as_json:
         out = pred.to_dict()
         out.setdefault("strategy", asdict(strategy))
-        out.setdefault("global_batch", strategy.global_batch)
-        out.setdefault("tokens_per_step", strategy.global_batch * workload.seq_len)
+        out["global_batch"] = strategy.global_batch
+        out["tokens_per_step"] = strategy.global_batch * workload.seq_len
+        out["profile_trust"] = prof.trust()
         click.echo(json.dumps(out))
         return
     from advisor.render import console, show_prediction
 
-    show_prediction(console(), pred, strategy, f"{arch.name} at {workload.seq_len} tokens on {prof.describe()}")
+    show_prediction(console(), pred, strategy, f"{arch.name} at {workload.seq_len} tokens on {prof.describe()}",
+                    prof.trust())
 
 
 @main.command()
@@ -200,7 +198,8 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               help=f"Optuna trials in this run (a resumed study adds to its earlier ones). Default: {DEFAULT_TRIALS}, "
                    f"{DEFAULT_TRIALS_GPU_RANGE} when --gpus is a range.")
 @click.option("--storage", default=None, help="Optuna storage URL: sqlite:///study.db resumes, postgresql://... shares.")
-@click.option("--seed", type=int, default=None, help="Sampler seed (default 0; random with --storage).")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None,
+              help="Sampler seed (default 0; random with --storage).")
 @click.option("--tokens", "tokens_text", default=DEFAULT_TOKENS, show_default=True,
               help="Tokens of the whole run (decimal: 1B = 1e9); run time and energy cover them.")
 @click.option("--out-ds-config", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -213,6 +212,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     """Search ZeRO stage, offload, checkpointing, sp and micro-batch; print the Pareto front,
     the pick, its DeepSpeed config and launch line."""
     from advisor.recommend import recommend_run
+    from advisor.space import widest_sp
 
     if method == "exhaustive" and storage:
         raise InputError("--storage holds Optuna studies; --search exhaustive keeps nothing to resume")
@@ -220,19 +220,24 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     tokens = parse_count(tokens_text, "--tokens")
     if plot_path and not plot_path.lower().endswith(".png"):
         raise InputError(f"bad --plot '{plot_path}': the plot is a PNG, name it FILE.png")
+    for option, path in (("--out-ds-config", out_ds_config), ("--plot", plot_path)):
+        if path:
+            writable_path(path, option)  # before the search, so its result is not lost
     arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision)
     per_node = int(prof.gpus_per_node.value)
     gpu_range = parse_gpus(gpus_text or per_node)
     if gpu_range.fixed:
         check_whole_nodes(gpu_range.low, per_node)
     counts = gpu_range.counts(per_node) if not gpu_range.fixed else [gpu_range.low]
+    counts, dropped = counts_within_run(counts, lambda gpus: widest_sp(arch, gpus, per_node), workload.seq_len,
+                                        tokens)
     recommend_run(
         arch=arch, workload=workload, profile=prof, gpu_counts=counts,
         global_batch=_global_batch(global_batch_text, workload.seq_len), tokens=tokens, objective=objective,
         max_slowdown=slowdown, method=method, storage=storage,
         trials=trials or (DEFAULT_TRIALS if gpu_range.fixed else DEFAULT_TRIALS_GPU_RANGE),
         seed=(None if storage else 0) if seed is None else seed,
-        out_ds_config=out_ds_config, plot_path=plot_path, as_json=as_json,
+        out_ds_config=out_ds_config, plot_path=plot_path, as_json=as_json, notes=dropped,
     )
 
 

@@ -7,8 +7,10 @@ Importing this module is cheap (no numpy, no pydantic): the CLI calls it first.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class InputError(ValueError):
@@ -20,26 +22,39 @@ _SEQ_UNITS = {"": 1, "k": 1024, "m": 1024**2}
 # --tokens and --global-batch counts use decimal multiples, as token budgets are quoted: 1B = 1e9.
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([a-zA-Z]?)\s*$")
+# Largest values the cost model takes: beyond them numpy's integer columns would overflow, and no
+# training run is that large (a 16M-token context, 1e18 tokens, a trillion sequences a step).
+MAX_SEQ = 2**24
+MAX_TOKENS = 10**18
+MAX_SEQUENCES = 10**12
+MAX_GPUS = 2**20
 
 
-def _scaled(text: str, units: dict[str, int], option: str, example: str) -> int:
+def _scaled(text: str, units: dict[str, int], option: str, example: str, noun: str, limit: int) -> int:
     match = _NUMBER.match(str(text))
     if not match or match.group(2).lower() not in units:
         raise InputError(f"bad {option} '{text}': use a count such as {example}")
     value = float(match.group(1)) * units[match.group(2).lower()]
+    if not math.isfinite(value) or value > limit:
+        raise InputError(f"bad {option} '{text}': at most {limit:,} {noun}")
     if value < 1 or value != math.floor(value):
-        raise InputError(f"bad {option} '{text}': must be a positive whole number of tokens, such as {example}")
+        raise InputError(f"bad {option} '{text}': must be a positive whole number of {noun}, such as {example}")
     return int(value)
 
 
 def parse_seq(text: str) -> int:
     """`4096`, `4k` (4096), `32k` (32768), `1M` (1048576)."""
-    return _scaled(text, _SEQ_UNITS, "--seq", "4096, 4k, 32k or 1M")
+    return _scaled(text, _SEQ_UNITS, "--seq", "4096, 4k, 32k or 1M", "tokens", MAX_SEQ)
 
 
 def parse_count(text: str, option: str = "--tokens") -> int:
-    """Decimal counts: `1e9`, `500M`, `1B`, `2T`."""
-    return _scaled(text, _COUNT_UNITS, option, "1e9, 500M, 10B or 2T")
+    """Decimal counts of tokens: `1e9`, `500M`, `1B`, `2T`."""
+    return _scaled(text, _COUNT_UNITS, option, "1e9, 500M, 10B or 2T", "tokens", MAX_TOKENS)
+
+
+def parse_sequences(text: str, option: str = "--global-batch") -> int:
+    """Decimal counts of sequences: `512`, `2k`."""
+    return _scaled(text, _COUNT_UNITS, option, "512 or 2k", "sequences", MAX_SEQUENCES)
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,25 @@ def parse_gpus(text: str | int) -> GpuRange:
     high = int(match.group(2) or low)
     if low < 1 or high < low:
         raise InputError(f"bad --gpus '{text}': counts must be positive and the range must rise (4-64)")
+    if high > MAX_GPUS:
+        raise InputError(f"bad --gpus '{text}': at most {MAX_GPUS:,} GPUs")
     return GpuRange(low, high)
+
+
+def counts_within_run(counts: list[int], widest_sp, seq_len: int, tokens: int) -> tuple[list[int], list[str]]:
+    """GPU counts whose smallest step fits in the run: at least one sequence per data-parallel
+    rank, at the widest Ulysses degree `widest_sp(count)` allows. Returns (kept, why each other was dropped)."""
+    kept, dropped = [], []
+    for gpus in counts:
+        smallest = gpus // widest_sp(gpus) * seq_len
+        if smallest > tokens:
+            dropped.append(f"{gpus} GPUs: one step is at least {gpus // widest_sp(gpus):,} sequences "
+                           f"({smallest:.3g} tokens), more than the run's {tokens:.3g} tokens")
+        else:
+            kept.append(gpus)
+    if not kept:
+        raise InputError(f"--gpus: {dropped[0]}; use fewer GPUs or raise --tokens")
+    return kept, dropped
 
 
 def check_whole_nodes(gpus: int, gpus_per_node: int) -> None:
@@ -99,9 +132,11 @@ def parse_fraction(text: str, option: str = "--max-slowdown") -> float:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
         raise InputError(f"bad {option} '{text}': use a percentage such as 10% (or 0.1)") from None
+    if not math.isfinite(value):
+        raise InputError(f"bad {option} '{text}': use a finite percentage such as 10% (or 0.1)")
     if not raw.endswith("%") and value > 1:
         raise InputError(f"bad {option} '{text}': write {raw}% (or {value / 100:g})")
-    if not 0 <= value or math.isnan(value) or math.isinf(value):
+    if value < 0:
         raise InputError(f"bad {option} '{text}': must be zero or more, such as 10%")
     return value
 
@@ -116,3 +151,16 @@ def step_global_batch(target: int, dp: int, micro_batch: int) -> tuple[int, int]
     per_pass = dp * micro_batch
     grad_accum = -(-target // per_pass)
     return grad_accum * per_pass, grad_accum
+
+
+def writable_path(text: str, option: str) -> Path:
+    """A file path whose folder exists and can be written (checked before long work starts)."""
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(f"bad {option} '{text}': a folder; name a file in it")
+    if not folder.is_dir():
+        raise InputError(f"bad {option} '{text}': folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InputError(f"bad {option} '{text}': cannot write there")
+    return path

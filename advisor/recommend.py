@@ -59,12 +59,15 @@ def run_search(problem: Problem, method: str, trials: int, objective: str, max_s
 
 
 def point_dict(result: SearchResult, i: int, seq_len: int) -> dict:
+    from advisor.strategy_flags import flags_for
+
     c = result.candidates
     s = c.strategies[i]
     m = {k: float(v[i]) for k, v in c.metrics.items()}
     return {
         "label": s.label(),
         "strategy": asdict(s),
+        "predict_flags": flags_for(s),
         **m,
         "tokens_per_s": s.global_batch * seq_len / m["step_time_s"],
         "global_batch": s.global_batch,
@@ -74,8 +77,40 @@ def point_dict(result: SearchResult, i: int, seq_len: int) -> dict:
     }
 
 
+def search_notes(result: SearchResult, global_batch: int, extra: list[str]) -> list[str]:
+    """What the user should know about how the pick was reached, one line each."""
+    notes = list(extra) + list(result.notes)
+    chosen = result.candidates.strategies[result.pick]
+    if chosen.global_batch != global_batch:
+        notes.append(f"global batch {global_batch} sequences rounded to {chosen.global_batch} so that "
+                     f"{chosen.dp} data-parallel ranks x micro-batch {chosen.micro_batch} divide it")
+    if len(result.pareto) == 1:
+        notes.append("one strategy is both the fastest and the least energy here: the Pareto front is one point; "
+                     "the best of each family below is what you would trade against")
+    return notes
+
+
+class OutputWriteError(ValueError):
+    """A requested output file could not be written (the folder went away, the disk is full)."""
+
+
+def write_output(option: str, path: str, write) -> None:
+    try:
+        write(path)
+    except OSError as exc:
+        raise OutputWriteError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+
+
+def _dump_json(config: dict):
+    def write(path):
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)
+    return write
+
+
 def recommend_run(*, arch, workload, profile, gpu_counts, global_batch, tokens, objective, max_slowdown, method,
-                  trials, storage, seed, out_ds_config, plot_path, as_json) -> SearchResult:
+                  trials, storage, seed, out_ds_config, plot_path, as_json, notes=()) -> SearchResult:
+    from advisor.alternatives import alternatives
     from advisor.ds_config import to_ds_config
     from advisor.launch import launch
 
@@ -84,32 +119,43 @@ def recommend_run(*, arch, workload, profile, gpu_counts, global_batch, tokens, 
     chosen = result.candidates.strategies[result.pick]
     config = to_ds_config(chosen, arch)
     line = launch(chosen, config_path=out_ds_config or "ds_config.json")
-    if out_ds_config:
-        with open(out_ds_config, "w") as f:
-            json.dump(config, f, indent=2)
     gpus = f"{gpu_counts[0]}" if len(gpu_counts) == 1 else f"{gpu_counts[0]}-{gpu_counts[-1]}"
-    header = (f"{arch.name}, {workload.seq_len} tokens, {gpus} GPUs, {profile.name}; objective {objective} within "
+    header = (f"{arch.name}, {workload.seq_len} tokens, {gpus} GPUs; objective {objective} within "
               f"{max_slowdown:.0%} of the fastest; run of {tokens:.3g} tokens; {method}, "
               f"{result.evaluations} evaluations")
-    if plot_path:
-        from advisor.plot import pareto_plot
-
-        pareto_plot(result, plot_path, header, max_slowdown)
+    lines = search_notes(result, global_batch, list(notes))
+    others = alternatives(result, objective, max_slowdown)
     if as_json:
         click.echo(json.dumps({
             "recommended": point_dict(result, result.pick, workload.seq_len),
             "pareto": [point_dict(result, i, workload.seq_len) for i in result.pareto],
+            "alternatives": [a.to_dict(result) for a in others],
             "ds_config": config,
             "launch": asdict(line),
+            "notes": lines,
             "search": {
                 "method": method, "objective": objective, "max_slowdown": max_slowdown, "tokens": tokens,
                 "global_batch_target": global_batch, "gpu_counts": list(gpu_counts),
                 "evaluations": result.evaluations, "distinct_strategies": len(result.candidates),
+                "resumed": result.trials_before > 0, "trials_before": result.trials_before,
+                "trials_total": result.trials_total or result.evaluations,
                 "study_name": result.study_name, "storage": storage, "profile": profile.describe(),
+                "profile_trust": profile.trust(),
             },
         }))
-        return result
-    from advisor.render import console, show_recommendation
+    else:
+        from advisor.render import console, show_recommendation
 
-    show_recommendation(console(), result, workload.seq_len, config, line, header, plot_path)
+        show_recommendation(console(), result, workload.seq_len, config, line, header, profile.trust(), lines,
+                            others)
+    # The result is out before anything can fail on the way to a file.
+    if out_ds_config:
+        write_output("--out-ds-config", out_ds_config, _dump_json(config))
+    if plot_path:
+        from advisor.plot import pareto_plot
+
+        write_output("--plot", plot_path,
+                     lambda path: pareto_plot(result, path, f"{header}; {profile.name}", max_slowdown))
+        if not as_json:
+            click.echo(f"Pareto plot written to {plot_path}")
     return result

@@ -24,8 +24,9 @@ def _hours(s: float) -> str:
     return f"{s / 3600:,.2f}"
 
 
-def show_prediction(out: Console, pred, strategy, title: str) -> None:
+def show_prediction(out: Console, pred, strategy, title: str, trust: str) -> None:
     """One strategy: totals, then where the time and energy go."""
+    out.print(f"[bold]{trust}[/bold]", highlight=False)
     summary = Table(title=title, show_header=False, title_justify="left")
     summary.add_column("", style="bold")
     summary.add_column("")
@@ -61,9 +62,13 @@ def show_prediction(out: Console, pred, strategy, title: str) -> None:
     out.print(phases)
 
 
+HOSTFILE_LINES_SHOWN = 8
+
+
 def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_config: dict, launch: Launch,
-                        header: str, plot_path: str | None = None) -> None:
+                        header: str, trust: str, notes: list[str], others: list, ) -> None:
     c = result.candidates
+    out.print(f"[bold]{trust}[/bold]", highlight=False)
     table = Table(title=f"Pareto front ({header})", title_justify="left")
     for col in ("", "strategy", "step s", "tokens/s", "energy/step kJ", "run h", "run kWh", "GPU GiB", "host GiB"):
         table.add_column(col, justify="left" if col in ("", "strategy") else "right", no_wrap=col == "strategy")
@@ -83,8 +88,10 @@ def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_con
             style="bold green" if i == result.pick else None,
         )
     out.print(table)
-    for note in result.notes:
-        out.print(f"[dim]{note}[/dim]")
+    for note in notes:
+        out.print(f"[dim]{note}[/dim]", highlight=False)
+    if others:
+        out.print(_alternatives_table(result, others))
     s = c.strategies[result.pick]
     out.print(f"\n[bold]Recommended[/bold] (*): {s.label()}")
     out.print("\n[bold]ds_config.json[/bold]")
@@ -93,9 +100,30 @@ def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_con
     out.print(launch.deepspeed, soft_wrap=True, highlight=False)
     out.print(f"[dim]or on every node:[/dim] {launch.torchrun}", soft_wrap=True, highlight=False)
     if launch.hostfile:
-        out.print(f"[dim]hostfile:[/dim]\n{launch.hostfile}", highlight=False)
+        hosts = launch.hostfile.splitlines()
+        shown = "\n".join(hosts[:HOSTFILE_LINES_SHOWN])
+        more = f"\n... {len(hosts) - HOSTFILE_LINES_SHOWN} more lines, one per node" if len(hosts) > HOSTFILE_LINES_SHOWN else ""
+        out.print(f"[dim]hostfile:[/dim]\n{shown}{more}", highlight=False)
     for note in launch.notes:
         out.print(f"[dim]note:[/dim] {note}", highlight=False)
-    if plot_path:
-        out.print(f"\nPareto plot written to {plot_path}")
 
+
+def _gap(x: float) -> str:
+    return "-" if abs(x) < 5e-4 else f"{x:+.1%}"
+
+
+def _alternatives_table(result: SearchResult, others: list) -> Table:
+    """The best strategy of each family, against the pick."""
+    c = result.candidates
+    table = Table(title="Best of each family (gaps against the pick, whole run)", title_justify="left")
+    for col in ("family", "strategy", "step s", "energy/step kJ", "GPU GiB", "time", "energy"):
+        table.add_column(col, justify="left" if col in ("family", "strategy") else "right",
+                         no_wrap=col == "strategy")
+    for a in others:
+        i = a.index
+        slow = "" if a.within_slowdown else " (too slow)"
+        table.add_row(a.family, c.strategies[i].label() + (" *" if a.is_pick else ""),
+                      f"{c.metrics['step_time_s'][i]:,.2f}", f"{c.metrics['energy_j'][i] / 1e3:,.1f}",
+                      f"{c.metrics['peak_gpu_mem_gib'][i]:,.1f}", _gap(a.time_gap) + slow, _gap(a.energy_gap),
+                      style="bold green" if a.is_pick else None)
+    return table

@@ -75,6 +75,8 @@ class SearchResult:
     study_name: str | None = None
     study: object | None = None  # the optuna Study, for callers who want the raw trials
     notes: list[str] = field(default_factory=list)
+    trials_before: int = 0  # trials a resumed study already held (0: a new study)
+    trials_total: int = 0  # trials the study holds now (this run's and earlier ones)
 
 
 def run_steps(problem: Problem, global_batch: np.ndarray) -> np.ndarray:
@@ -230,7 +232,9 @@ def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_
     study = mirror.local
     dists = {k: CategoricalDistribution(list(v)) for k, v in problem.space.choices().items()}
     seen = _seen_points(study)
-    notes = [f"resumed study '{study.study_name}' holding {len(seen)} distinct strategies"] if seen else []
+    before = len(study.get_trials(deepcopy=False))
+    notes = ([f"resumed study '{study.study_name}': {before} earlier trials, {len(seen)} distinct strategies"]
+             if before else [])
     explore = trials - int(trials * polish)
     done = 0
     while done < trials:
@@ -246,6 +250,7 @@ def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_
             progress(done, trials)
     result = _result_from_study(problem, study, objective, max_slowdown, done)
     result.notes.extend(notes)
+    result.trials_before, result.trials_total = before, len(study.get_trials(deepcopy=False))
     return result
 
 

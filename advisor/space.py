@@ -164,6 +164,16 @@ class Space:
         return hashlib.sha1(repr(self).encode()).hexdigest()[:10]
 
 
+def ulysses_degrees(arch: Architecture, gpus: int, gpus_per_node: int) -> list[int]:
+    """Ulysses degrees for `gpus`: dividing the heads, the KV heads and the GPUs, within one node."""
+    return [d for d in range(1, min(gpus, gpus_per_node) + 1)
+            if arch.num_heads % d == 0 and arch.num_kv_heads % d == 0 and gpus % d == 0]
+
+
+def widest_sp(arch: Architecture, gpus: int, gpus_per_node: int) -> int:
+    return max(ulysses_degrees(arch, gpus, gpus_per_node))
+
+
 def build_space(
     arch: Architecture,
     gpu_counts: list[int],
@@ -179,11 +189,7 @@ def build_space(
     """The default space for a model on a machine: sp divides heads, KV heads and some GPU
     count (within a node); micro-batches are powers of two up to the global batch."""
     counts = tuple(sorted(set(gpu_counts)))
-    widest_group = max(min(g, gpus_per_node) for g in counts)
-    sp = tuple(
-        d for d in range(1, widest_group + 1)
-        if arch.num_heads % d == 0 and arch.num_kv_heads % d == 0 and any(g % d == 0 for g in counts)
-    )
+    sp = tuple(sorted({d for g in counts for d in ulysses_degrees(arch, g, gpus_per_node)}))
     micro = []
     mb = 1
     while mb <= min(max(global_batch, 1), max_micro_batch):

@@ -150,8 +150,15 @@ def known_presets() -> list[str]:
 
 
 def load_architecture(preset_or_path: str) -> Architecture:
-    """A preset name (`llama-2-7b`, alias `7B`) or the path of a Hugging Face config.json."""
+    """A preset name (`llama-2-7b`, alias `7B`), the path of a Hugging Face config.json, or a
+    model folder holding one."""
+    if not preset_or_path.strip():
+        raise ModelConfigError(f"no model given; known presets: {', '.join(known_presets())}")
     path = Path(preset_or_path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelConfigError(f"model folder {path} holds no config.json")
+        path = path / "config.json"
     if path.suffix == ".json" or path.exists():
         if not path.exists():
             raise ModelConfigError(f"model config not found: {path}")
@@ -168,4 +175,6 @@ def load_architecture(preset_or_path: str) -> Architecture:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"cannot read model config {path}: {exc}") from None
     return architecture_from_config(cfg, name=name, origin=str(path))

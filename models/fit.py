@@ -1,8 +1,8 @@
 """Fit the profile's efficiency, overlap, DeepSpeed-overhead and power terms to measured runs.
 
 The structure of the cost model stays fixed; only a few physically meaningful constants move,
-each inside bounds (an efficiency in [0.3, 1.2], a power between half the idle draw and the
-cap, an overhead of seconds or less). Two stages, because the constants split cleanly:
+each inside bounds (an efficiency in [0.3, 1.2], a power between the idle draw and the cap, an
+overhead of seconds or less). Two stages, because the constants split cleanly:
 time constants are fitted to measured step times first; then GPU power per phase is fitted to
 measured average GPU power (energy / step time) with the fitted timing held fixed, so power
 constants stay powers instead of absorbing what the timing gets wrong.
@@ -96,9 +96,10 @@ POWER_PHASES = ("compute", "memory_bound", "collective", "host_copy", "wait", "o
 
 
 def default_parameters(profile: HardwareProfile) -> tuple[FitParameter, ...]:
-    """The time constants above, and GPU power per phase bounded by this profile's idle and cap."""
+    """The time constants above, and GPU power per phase bounded by this profile's idle and cap
+    (the range a profile allows, `models.profile`)."""
     idle, cap = profile.power.gpu.idle.value, profile.gpu.power_cap.value
-    power = tuple(FitParameter(f"power.gpu.{k}", 0.5 * idle, cap, 50.0, "energy") for k in POWER_PHASES)
+    power = tuple(FitParameter(f"power.gpu.{k}", idle, cap, 50.0, "energy") for k in POWER_PHASES)
     return TIME_PARAMETERS + power
 
 

@@ -280,12 +280,77 @@ class HardwareProfile(_Strict):
             )
         return data
 
+    @model_validator(mode="after")
+    def _physically_possible(self) -> "HardwareProfile":
+        """Rates, bandwidths, capacities, powers and counts are positive; times, slowdowns and
+        efficiencies are not negative (a zero time is a cost that is absent); shares lie in [0, 1];
+        each GPU phase draws between idle and the cap, the CPU optimizer at least the CPU's idle."""
+        for name, q in _quantities(self.model_dump()):
+            if not np.isfinite(q["value"]):
+                raise ValueError(f"{name}: must be a finite number, got {q['value']}")
+            zero_is_absent = q["unit"] in ("s", "fraction") or name in _MAY_BE_ZERO
+            if q["value"] < 0 or (q["value"] == 0 and not zero_is_absent):
+                what = "zero or more" if zero_is_absent else "positive"
+                raise ValueError(f"{name}: must be {what} ({q['unit']}), got {q['value']}")
+        for name in _SHARES:
+            value = _value_at(self, name)
+            if value > 1:
+                raise ValueError(f"{name}: a share, must lie in [0, 1], got {value}")
+        idle, cap = self.power.gpu.idle.value, self.gpu.power_cap.value
+        if idle > cap:
+            raise ValueError(f"power.gpu.idle: {idle} W is above gpu.power_cap {cap} W")
+        for phase in GpuPower.model_fields:
+            watts = getattr(self.power.gpu, phase).value
+            if not idle <= watts <= cap:
+                raise ValueError(f"power.gpu.{phase}: {watts} W must lie between idle ({idle} W) and the cap ({cap} W)")
+        if self.power.cpu.optimizer.value < self.power.cpu.idle.value:
+            raise ValueError(f"power.cpu.optimizer: {self.power.cpu.optimizer.value} W is below power.cpu.idle "
+                             f"({self.power.cpu.idle.value} W)")
+        return self
+
     def describe(self) -> str:
         p = self.provenance
         return f"{self.name} ({p.kind}, {p.gpu}, {p.date})"
 
+    def trust(self) -> str:
+        """One line on how far to trust this profile's numbers, for the top of every table."""
+        p = self.provenance
+        return {
+            "datasheet": f"{self.name}: datasheet figures, not measured; run `advisor calibrate` on your machine",
+            "measured": f"{self.name}: measured on {p.gpu} ({p.date}), not yet fitted to real runs",
+            "fitted": f"{self.name}: measured on {p.gpu} and fitted to real runs ({p.date})",
+            "cpu": f"{self.name}: measured on a CPU without a GPU; for tests, not for decisions",
+        }[p.kind]
+
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), indent=2)
+
+
+# Quantities whose zero means "absent" (said in their docstrings) although their unit is not a time.
+_MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank"}
+# Fractions that are shares of a whole (the slowdowns and efficiencies may exceed 1: a collective
+# beside compute was measured 87-90% slower on H200).
+_SHARES = ("memory.fragmentation",)
+
+
+def _quantities(node: dict, prefix: str = ""):
+    """(dotted name, Quantity dump) of every constant in a profile's dump, lists included."""
+    if {"value", "unit", "source"} <= node.keys():
+        yield prefix[:-1], node
+        return
+    for key, child in node.items():
+        children = child if isinstance(child, list) else [child]
+        for i, item in enumerate(children):
+            if isinstance(item, dict):
+                where = f"{prefix}{key}.{i}." if isinstance(child, list) else f"{prefix}{key}."
+                yield from _quantities(item, where)
+
+
+def _value_at(profile: "HardwareProfile", name: str) -> float:
+    node = profile
+    for key in name.split("."):
+        node = getattr(node, key)
+    return float(node.value)
 
 
 def parse_profile(data: dict, origin: str = "<dict>") -> HardwareProfile:
@@ -294,6 +359,9 @@ def parse_profile(data: dict, origin: str = "<dict>") -> HardwareProfile:
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        if not first["loc"] and ": " in first["msg"]:  # a whole-profile check names its key itself
+            key, _, message = first["msg"].removeprefix("Value error, ").partition(": ")
+            raise ProfileError(f"{origin}: bad key '{key}': {message}") from None
         raise ProfileError(f"{origin}: bad key '{key}': {first['msg']}") from None
 
 

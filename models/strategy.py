@@ -70,6 +70,15 @@ class Strategy:
         parts.append(f"mb{self.micro_batch}")
         parts.append(f"ga{self.grad_accum}")
         parts.append(f"{self.gpus}gpu")
+        if not self.overlap_comm:
+            parts.append("no-overlap")
+        defaults = Strategy()
+        for name, short in (("reduce_bucket_size", "rb"), ("allgather_bucket_size", "agb"),
+                            ("prefetch_bucket_size", "pfb")):
+            if getattr(self, name) != getattr(defaults, name):
+                parts.append(f"{short}{getattr(self, name):.0e}".replace("e+0", "e"))
+        if self.nodes > 1:
+            parts.append(f"{self.gpus_per_node}/node")
         return " ".join(parts)
 
 

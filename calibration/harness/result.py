@@ -44,6 +44,9 @@ class RunResult:
     timeline_s: dict[str, float] = field(default_factory=dict)  # rank 0: seconds since its start at each stage
     wall_s: float | None = None  # whole run including start-up, filled in by the runner
     concurrent_runs: int = 1  # most runs sharing the machine meanwhile (host CPU energy is whole-host)
+    # The harness itself could not start (a missing module or file, a bad argument): says nothing about
+    # the candidate, so the sweep records no result for it and stops.
+    harness_error: bool = False
 
     def __post_init__(self):
         assert self.status in STATUSES, f"unknown status {self.status!r}"

@@ -93,7 +93,7 @@ def _repo_root() -> str:
 def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettings(),
                   slots: list[Slot] | None = None) -> RunResult:
     """Run one candidate to completion or timeout; never raises for a failed run."""
-    rundir = Path(workdir) / c.key()
+    rundir = Path(workdir).resolve() / c.key()  # absolute: the run's cwd is rundir itself
     rundir.mkdir(parents=True, exist_ok=True)
     for stale in rundir.glob("result.json*"):
         stale.unlink()
@@ -170,7 +170,18 @@ def _collect(out_path: Path, log_path: Path, returncode: int | None, timed_out: 
         return RunResult(status="oom", reason=_log_tail(log_path, 2))
     if re.search(r"exitcode\s*:\s*-9\b|Signals\.SIGKILL|signal 9", log):
         return RunResult(status="oom", reason="a rank was killed by SIGKILL (host out of memory?)")
-    return RunResult(status="crash", reason=f"exit code {returncode}; {_log_tail(log_path, 3)}")
+    setup = bool(re.search(HARNESS_START_FAILURES, log))
+    return RunResult(status="crash", reason=f"exit code {returncode}; {_log_tail(log_path, 3)}", harness_error=setup)
+
+
+# What a harness that could not even start prints (before it can write an error file of its own).
+HARNESS_START_FAILURES = (r"No module named|can't open file|error: the following arguments are required"
+                          r"|error: unrecognized arguments|ModuleNotFoundError")
+
+
+class HarnessError(ValueError):
+    """The harness could not start on this machine (a missing module or file): nothing about the
+    candidates was learned, so nothing is recorded. A ValueError so the CLI shows it as one line."""
 
 
 def _log_tail(log_path: Path, lines: int) -> str:
@@ -241,7 +252,13 @@ def run_sweep(
     def time_left() -> float:
         return float("inf") if end is None else end - time.monotonic()
 
+    harness_errors: list[str] = []
+
     def finish(c: Candidate, result: RunResult, pred):
+        if result.harness_error:  # the environment failed, not the candidate: record nothing, start nothing
+            harness_errors.append(f"{c.label or c.key()}: {result.reason}")
+            pending.clear()
+            return
         record = RunRecord.now(c, result, *pred)
         append_record(jsonl_path, record)
         if on_record:
@@ -287,6 +304,9 @@ def run_sweep(
                           file=sys.stderr)
                     continue
                 finish(c, replace(result, concurrent_runs=overlap), pred)
+    if harness_errors:
+        raise HarnessError(f"the harness could not start, nothing was recorded for that run "
+                           f"({len(new)} recorded before): {harness_errors[0]}")
     return new
 
 

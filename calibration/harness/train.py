@@ -333,6 +333,11 @@ def classify_failure(exc: BaseException) -> str:
     return "crash"
 
 
+def is_harness_error(exc: BaseException) -> bool:
+    """A failure of the environment, not of the candidate: a module or file that is not there."""
+    return isinstance(exc, (ImportError, FileNotFoundError, PermissionError))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     timeline = Timeline()
@@ -344,7 +349,8 @@ def main(argv=None) -> int:
         traceback.print_exc()
         status = classify_failure(exc)
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500]
-        RunResult(status=status, reason=f"rank {rank}: {reason}").write(f"{args.out}.rank{rank}.error.json")
+        RunResult(status=status, reason=f"rank {rank}: {reason}",
+                  harness_error=is_harness_error(exc)).write(f"{args.out}.rank{rank}.error.json")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # peers may be blocked in a collective; do not wait for a clean teardown

@@ -41,9 +41,10 @@ NEUTRAL_OVERHEADS = {f"overheads.{k}": 0.0 for k in (
 
 
 def base_profile() -> HardwareProfile:
-    """gh200 with a GPU-only meter (GPU energy is GPU power alone, as on H200) and no DeepSpeed
-    overheads, so every fit starts from neutral values, away from the synthetic truth."""
-    p = with_values(load_profile("gh200"), NEUTRAL_OVERHEADS)
+    """gh200 with a GPU-only meter (GPU energy is GPU power alone, as on H200, idle 120 W) and no
+    DeepSpeed overheads, so every fit starts from neutral values, away from the synthetic truth."""
+    p = with_values(load_profile("gh200"), {**NEUTRAL_OVERHEADS, "power.gpu.idle": 120.0,
+                                            "memory.host_process_per_rank": 0.0})
     return p.model_copy(update={"power": p.power.model_copy(update={"nvml_scope": "gpu"})})
 
 

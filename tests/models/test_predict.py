@@ -68,7 +68,10 @@ def test_host_memory_and_node_size_reasons():
     pred = predict(W7_32K, s, small_host)
     assert not pred.feasible
     assert pred.reasons == [f"needs {pred.peak_host_mem_gib:.1f} GiB of host memory per node, has 64.0"]
-    assert pred.peak_host_mem_gib == pytest.approx(18 * 6_738_415_616 / 2**30)
+    # offloaded states (16 bytes a parameter) and the bf16 gradient buffer, plus each of the 4 processes' own
+    # host memory (memory.host_process_per_rank)
+    process_gib = small_host.memory.host_process_per_rank.value
+    assert pred.peak_host_mem_gib == pytest.approx(18 * 6_738_415_616 / 2**30 + 4 * process_gib)
     wide = predict(W7_32K, Strategy(gpus=8, gpus_per_node=8, zero_stage=3, checkpoint_every=1), small_host)
     assert "8 GPUs per node asked, profile 'gh200' nodes have 4" in wide.reasons
 
