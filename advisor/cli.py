@@ -166,6 +166,8 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
 
     arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision)
     settings = load_ds_config(ds_config_path, arch) if ds_config_path else DsSettings({}, None)
+    for warning in settings.warnings:
+        click.echo(f"warning: {warning}", err=True)
     flags = StrategyFlags(gpus=gpus, zero_stage=zero, offload_optimizer=offload_optimizer, offload_ratio=offload_ratio,
                           super_offload=super_offload, offload_param=offload_param, checkpointing=checkpointing,
                           sp=sp, micro_batch=micro_batch, grad_accum=grad_accum, overlap_comm=overlap_comm)

@@ -25,6 +25,36 @@ class DsConfigError(ValueError):
     """A DeepSpeed config that cannot be read or is not supported; names the key."""
 
 
+# Top-level keys DeepSpeed 0.19 reads (docs/_pages/config-json.md and runtime/config.py): another key is
+# most likely a typo, which DeepSpeed ignores silently at the top level.
+DEEPSPEED_KEYS = frozenset("""
+train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps optimizer scheduler
+communication_data_type seq_parallel_communication_data_type prescale_gradients gradient_predivide_factor
+sparse_gradients fp16 bf16 amp torch_autocast gradient_clipping zero_optimization zero_allow_untested_optimizer
+zero_force_ds_cpu_optimizer aio activation_checkpointing sparse_attention data_efficiency curriculum_learning
+flops_profiler tensorboard wandb csv_monitor comet comms_logger elasticity compression_training checkpoint
+data_types autotuning pipeline nebula sequence_parallel_size tensor_parallel steps_per_print wall_clock_breakdown
+dump_state memory_breakdown timers compile eigenvalue progressive_layer_drop quantize_training weight_quantization
+hybrid_engine dataloader_drop_last disable_allgather gradient_allreduce_op use_data_before_expert_parallelism
+expert_parallel managed_gradient_accumulation graph_harvesting log_level disable_python_gc zenflow
+mics_shard_size mics_hierarchical_params_gather
+""".split())
+# zero_optimization keys (DeepSpeedZeroConfig's fields and aliases in 0.19.8): DeepSpeed refuses any other.
+ZERO_KEYS = frozenset("""
+stage contiguous_gradients reduce_scatter reduce_bucket_size use_multi_rank_bucket_allreduce allgather_partitions
+allgather_bucket_size overlap_comm load_from_fp32_weights elastic_checkpoint offload_param offload_optimizer
+sub_group_size cpu_offload_param cpu_offload_use_pin_memory cpu_offload prefetch_bucket_size
+stage3_prefetch_bucket_size param_persistence_threshold stage3_param_persistence_threshold
+model_persistence_threshold stage3_model_persistence_threshold max_live_parameters stage3_max_live_parameters
+max_reuse_distance stage3_max_reuse_distance gather_16bit_weights_on_model_save
+stage3_gather_16bit_weights_on_model_save stage3_gather_fp16_weights_on_model_save module_granularity_threshold
+stage3_module_granularity_threshold use_all_reduce_for_fetch_params stage3_use_all_reduce_for_fetch_params
+stage3_allgather_sequential allgather_sequential ignore_unused_parameters legacy_stage1 round_robin_gradients
+zero_hpz_partition_size zero_quantized_weights zero_quantized_nontrainable_weights zero_quantized_gradients
+memory_efficient_linear pipeline_loading_checkpoint override_module_apply log_trace_cache_warnings
+enable_sanity_checks compute_grad_norm leaf_module parameter_alignment save_muon_momentum_buffer_in_memory zenflow
+""".split())
+
 # Placeholders for the optimizer: the advisor chooses the layout, not the training recipe.
 OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}
 SUPER_OFFLOAD_CPU_CORES_PERC = 0.8  # DeepSpeed's default for cpuadam_cores_perc
@@ -88,6 +118,7 @@ class DsSettings:
 
     fields: dict  # Strategy field -> value (only those the config sets)
     train_batch_size: int | None
+    warnings: tuple[str, ...] = ()  # keys DeepSpeed would ignore or refuse
 
 
 def _get(section: dict, key: str, kind, where: str, default=None):
@@ -175,7 +206,18 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
     tbs = _get(config, "train_batch_size", int, origin)
     if tbs is not None and tbs < 1:
         raise DsConfigError(f"{origin}: bad key 'train_batch_size': must be positive, got {tbs}")
-    return DsSettings(fields=out, train_batch_size=tbs)
+    return DsSettings(fields=out, train_batch_size=tbs, warnings=unknown_keys(config, origin))
+
+
+def unknown_keys(config: dict, origin: str) -> tuple[str, ...]:
+    """One warning per key DeepSpeed 0.19 does not know: ignored at the top level, refused in zero_optimization."""
+    out = [f"{origin}: unknown key '{key}': DeepSpeed ignores it (a typo?)"
+           for key in sorted(set(config) - DEEPSPEED_KEYS)]
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict):
+        out += [f"{origin}: unknown key 'zero_optimization.{key}': DeepSpeed refuses the config"
+                for key in sorted(set(zero) - ZERO_KEYS)]
+    return tuple(out)
 
 
 def load_ds_config(path: str | Path, arch: Architecture) -> DsSettings:

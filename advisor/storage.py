@@ -12,6 +12,7 @@ its own trials back twice.
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 
 ORIGIN = "advisor_origin"
 
@@ -37,6 +38,38 @@ def _sqlite_wal() -> None:
         event.listen(Engine, "connect", pragmas)
 
 
+@contextmanager
+def _schema_lock(storage: str):
+    """Two workers opening a fresh SQLite file would both create Optuna's schema, and one dies on
+    alembic's version row: an exclusive lock on a file beside the database serialises the opening."""
+    database = None
+    if storage.startswith("sqlite"):
+        from sqlalchemy.engine import make_url
+
+        database = make_url(storage).database
+    if not database or database == ":memory:":
+        yield
+        return
+    import fcntl
+
+    with open(f"{database}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _create_or_load(optuna, name: str, storage: str, directions: list[str]):
+    """create_study(load_if_exists=True), once more if another worker created it (or its schema) meanwhile."""
+    try:
+        return optuna.create_study(study_name=name, storage=storage, load_if_exists=True, directions=directions)
+    except Exception as exc:  # sqlalchemy's IntegrityError, optuna's DuplicatedStudyError: a race, not a fault
+        if "Integrity" not in type(exc).__name__ and "Duplicated" not in type(exc).__name__:
+            raise
+        return optuna.create_study(study_name=name, storage=storage, load_if_exists=True, directions=directions)
+
+
 class MirroredStudy:
     """An in-memory study (`local`, what the sampler sees) mirrored into `storage`."""
 
@@ -52,8 +85,8 @@ class MirroredStudy:
             if storage.startswith("sqlite"):
                 _sqlite_wal()
             try:
-                self.remote = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                                  directions=directions)
+                with _schema_lock(storage):
+                    self.remote = _create_or_load(optuna, name, storage, directions)
             except ImportError as exc:
                 detail = " ".join(str(exc).split())[:200]
                 raise StorageError(f"--storage {storage}: missing database driver ({detail}); for PostgreSQL "

@@ -13,6 +13,7 @@ import datetime as _dt
 import json
 import os
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class CalibrationResult:
     failed: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    interrupted: bool = False  # stopped by Ctrl-C; what was measured is in the raw file
 
 
 def plan(ctx: BenchContext, only: tuple[str, ...] = ()) -> list[BenchItem]:
@@ -127,6 +129,14 @@ def run(opts: CalibrationOptions, console=None) -> CalibrationResult:
     rank, world, local_rank, local_world, backend, device = _setup_distributed()
     try:
         return _run(opts, console, rank, world, local_rank, local_world, backend, device)
+    except KeyboardInterrupt:
+        # Ctrl-C: let the GPU finish what is queued and stop the meters' threads before leaving,
+        # so nothing is torn down under a running stream (that once aborted the process).
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return CalibrationResult(profile_path=None, raw_path=raw_path_for(opts.out), profile=None,
+                                 error=f"interrupted; every finished benchmark is saved in {raw_path_for(opts.out)}: "
+                                       "rerun the same command to resume", interrupted=True)
     finally:
         dist.destroy_process_group()
 
@@ -136,6 +146,13 @@ def _run(opts, console, rank, world, local_rank, local_world, backend, device) -
                        world_size=world, local_rank=local_rank, local_world_size=local_world, backend=backend,
                        cpu_adam=opts.cpu_adam)
     ctx.monitor = EnergyMonitor([device.index or 0] if ctx.is_cuda else [], sync=ctx.sync)
+    try:
+        return _measure(opts, console, ctx, rank, world, local_world, device)
+    finally:
+        ctx.monitor.close()
+
+
+def _measure(opts, console, ctx, rank, world, local_world, device) -> CalibrationResult:
     _preflight(ctx, ctx.monitor, console)
     gpu_meter = ctx.monitor.gpu_meter
     nvml_index = gpu_meter.cuda_to_nvml([device.index or 0])[0] if gpu_meter.kind == "nvml" else None
@@ -263,6 +280,9 @@ def options_from_args(ns: argparse.Namespace) -> CalibrationOptions:
 
 def main(argv: list[str] | None = None) -> int:
     result = run(options_from_args(build_arg_parser().parse_args(argv)))
+    if result.interrupted:
+        print(result.error, file=sys.stderr)
+        return 130
     return 0 if result.error is None else 2
 
 

@@ -155,6 +155,13 @@ class EnergyMonitor:
         self._meter_indices = to_nvml(self.gpu_indices) if to_nvml else list(self.gpu_indices)
         self._windows: dict[str, tuple] = {}
 
+    def close(self) -> None:
+        """Stop the meters' sampling threads (a thread left running at exit can abort the process)."""
+        for meter in (self._gpu, self._cpu):
+            close = getattr(meter, "close", None)
+            if close:
+                close()
+
     @property
     def gpu_meter_kind(self) -> str:
         return self._gpu.kind

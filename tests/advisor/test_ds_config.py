@@ -5,6 +5,7 @@ import random
 import pytest
 
 from advisor.ds_config import (
+    ZERO_KEYS,
     DsConfigError,
     gpus_from_batch,
     load_ds_config,
@@ -142,3 +143,20 @@ def test_deepspeed_rejects_a_corrupted_config(arch7b, deepspeed_config_class, mo
     cfg["train_batch_size"] += 1
     with pytest.raises(AssertionError):
         deepspeed_config_class.DeepSpeedConfig(cfg)
+
+
+def test_the_zero_keys_we_know_are_deepspeeds_own():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    names = {f.alias or n for n, f in DeepSpeedZeroConfig.model_fields.items()} | set(DeepSpeedZeroConfig.model_fields)
+    assert names == ZERO_KEYS
+
+
+def test_unknown_keys_are_named_as_warnings(arch7b):
+    cfg = {"zero_optimization": {"stage": 2, "overlapcomm": True}, "train_micro_batch_size_pergpu": 2,
+           "bf16": {"enabled": True}}
+    settings = parse_ds_config(cfg, arch7b, origin="ds.json")
+    assert settings.warnings == ("ds.json: unknown key 'train_micro_batch_size_pergpu': DeepSpeed ignores it (a typo?)",
+                                 "ds.json: unknown key 'zero_optimization.overlapcomm': DeepSpeed refuses the config")
+    assert parse_ds_config(to_ds_config(Strategy(zero_stage=3, offload_optimizer="cpu", checkpoint_every=1), arch7b),
+                           arch7b).warnings == ()

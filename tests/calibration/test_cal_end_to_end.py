@@ -69,3 +69,24 @@ def test_a_bad_fill_from_fails_before_measuring(tmp_path):
     assert result.exit_code != 0 and "unknown profile 'no-such-profile'" in result.output
     raw = out.with_name("p.raw.jsonl")
     assert not raw.exists() or raw_keys(raw) == []
+
+
+def test_ctrl_c_ends_in_one_line_and_keeps_what_was_measured(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "cpu.json"
+    raw = tmp_path / "cpu.raw.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "calibration.calibrate", "--quick", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not raw.exists() or len(raw.read_text().splitlines()) < 4):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr and "terminate called" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("interrupted; every finished benchmark is saved in")
+    assert len(raw_keys(raw)) >= 3 and not out.exists()
