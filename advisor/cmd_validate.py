@@ -142,15 +142,14 @@ def _show(comparisons, profile: str, skipped: int) -> None:
     from rich.table import Table
 
     from advisor.render import console
+    from advisor.validate import METRICS
 
     table = Table(title=f"Predicted / measured per optimizer step (profile {profile})", title_justify="left")
-    for col in ("run", "status", "step s", "GPU J", "CPU J", "GPU GiB", "host GiB"):
+    for col in ("run", "status", "step s", "GPU J", "CPU J", "GPU GiB allocated", "GPU GiB reserved", "host GiB"):
         table.add_column(col, justify="left" if col in ("run", "status") else "right")
     for c in comparisons:
         status = c.status if c.status == "ok" else f"[red]{c.status}[/red]: {c.reason[:80]}"
-        table.add_row(c.label, status, *(_cell(c, m) for m in
-                                         ("step_time_s", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib",
-                                          "peak_host_mem_gib")))
+        table.add_row(c.label, status, *(_cell(c, m) for m in METRICS))
     out = console()
     out.print(table)
     if skipped:

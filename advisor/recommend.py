@@ -21,7 +21,8 @@ def make_problem(workload, profile, gpu_counts: list[int], global_batch: int, to
     from models.predict import predict_batch
 
     arch = workload.arch
-    space = build_space(arch, gpu_counts, int(profile.gpus_per_node.value), global_batch)
+    space = build_space(arch, gpu_counts, int(profile.gpus_per_node.value), global_batch,
+                        run_sequences=max(1, tokens // workload.seq_len))
     digest = hashlib.sha1((repr(workload) + profile.to_json()).encode()).hexdigest()[:10]
     return Problem(
         space=space, arch=arch, seq_len=workload.seq_len, tokens=tokens,

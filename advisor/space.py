@@ -66,7 +66,8 @@ _ANY_ARCH = Architecture(name="any", hidden_size=1, num_layers=1, num_heads=1, n
 
 @dataclass(frozen=True)
 class Space:
-    """The choices of each searched parameter. `global_batch` is the target sequences per step."""
+    """The choices of each searched parameter. `global_batch` is the target sequences per step;
+    `run_sequences` the sequences of the whole run, which one step may not exceed (None: no limit)."""
 
     gpu_counts: tuple[int, ...]
     gpus_per_node: int
@@ -77,6 +78,7 @@ class Space:
     sp: tuple[int, ...]
     micro_batch: tuple[int, ...]
     overlap_comm: tuple[bool, ...]
+    run_sequences: int | None = None
 
     def choices(self) -> dict[str, tuple]:
         """Optuna parameter name -> choices; `gpus` only when the count is searched."""
@@ -116,17 +118,29 @@ class Space:
         )
 
     def micro_batch_ok(self, dp: int, micro_batch: int) -> bool:
-        """A micro-batch may not push one step's batch past the target (beyond one per rank)."""
-        return dp * micro_batch <= max(self.global_batch, dp)
+        """A micro-batch may not push one step's batch past the target (beyond one per rank), and
+        no step may hold more sequences than the whole run."""
+        within_target = dp * micro_batch <= max(self.global_batch, dp)
+        return within_target and self.step_within_run(dp, micro_batch)
+
+    def step_within_run(self, dp: int, micro_batch: int) -> bool:
+        if self.run_sequences is None or dp < 1:
+            return True  # dp < 1: sp beyond the GPUs, which static_reasons refuses
+        return step_global_batch(self.global_batch, dp, micro_batch)[0] <= self.run_sequences
 
     def reasons(self, strategy: Strategy, arch: Architecture) -> list[str]:
-        """DeepSpeed's refusals plus this space's own rule on the micro-batch."""
+        """DeepSpeed's refusals plus this space's own rules on the batch."""
         reasons = static_reasons(strategy, arch)
-        if strategy.sp >= 1 and not self.micro_batch_ok(strategy.dp, strategy.micro_batch):
+        if strategy.sp < 1:
+            return reasons
+        if strategy.dp * strategy.micro_batch > max(self.global_batch, strategy.dp):
             reasons.append(
                 f"micro-batch {strategy.micro_batch} x {strategy.dp} data-parallel ranks exceeds"
                 f" the global batch of {self.global_batch} sequences"
             )
+        if not self.step_within_run(strategy.dp, strategy.micro_batch):
+            reasons.append(f"one step of {strategy.global_batch} sequences is more than the run's "
+                           f"{self.run_sequences} sequences")
         return reasons
 
     def enumerate(self, arch: Architecture) -> StrategyBatch:
@@ -185,6 +199,7 @@ def build_space(
     checkpoint_every: tuple[int, ...] = CHECKPOINT_EVERY_CHOICES,
     overlap_comm: tuple[bool, ...] = (True, False),
     max_micro_batch: int = MAX_MICRO_BATCH,
+    run_sequences: int | None = None,
 ) -> Space:
     """The default space for a model on a machine: sp divides heads, KV heads and some GPU
     count (within a node); micro-batches are powers of two up to the global batch."""
@@ -210,4 +225,5 @@ def build_space(
         sp=sp,
         micro_batch=tuple(micro),
         overlap_comm=tuple(overlap_comm),
+        run_sequences=run_sequences,
     )

@@ -15,7 +15,18 @@ from typing import Callable
 
 from calibration.harness.candidate import Candidate, RunRecord
 
-METRICS = ("step_time_s", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib")
+# What is compared: (name, the prediction's key, the measured RunResult field). Like with like, as
+# `advisor report` does: allocated GPU memory against torch's max_memory_allocated, and the peak
+# (allocations with fragmentation and reserve) against max_memory_reserved.
+COMPARED = (
+    ("step_time_s", "step_time_s", "step_time_s"),
+    ("gpu_energy_j", "gpu_energy_j", "gpu_energy_j"),
+    ("cpu_energy_j", "cpu_energy_j", "cpu_energy_j"),
+    ("allocated_gpu_mem_gib", "allocated_gpu_mem_gib", "peak_gpu_mem_gib"),
+    ("reserved_gpu_mem_gib", "peak_gpu_mem_gib", "peak_gpu_reserved_gib"),
+    ("peak_host_mem_gib", "peak_host_mem_gib", "peak_host_mem_gib"),
+)
+METRICS = tuple(name for name, _, _ in COMPARED)
 SWEEP_KEYS = {"model", "seq", "seq_len", "strategy", "ds_config", "images", "frames", "image_size",
               "freeze_vision", "label", "gpus"}
 
@@ -137,8 +148,8 @@ class Comparison:
 
 
 def compare(record: RunRecord) -> Comparison:
-    measured = {m: getattr(record.result, m) for m in METRICS}
-    predicted = {m: (record.prediction or {}).get(m) for m in METRICS}
+    measured = {name: getattr(record.result, field) for name, _, field in COMPARED}
+    predicted = {name: (record.prediction or {}).get(key) for name, key, _ in COMPARED}
     errors = {}
     for m in METRICS:
         p, v = predicted[m], measured[m]

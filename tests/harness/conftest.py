@@ -7,10 +7,6 @@ import pytest
 from harness_helpers import TINY, TINY_VL
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: starts real DeepSpeed processes (seconds each); runs in CI")
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "tiny.json"
