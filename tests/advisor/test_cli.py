@@ -207,3 +207,41 @@ def test_storage_resumes_a_study_from_the_command_line(tmp_path):
     import optuna
 
     assert len(optuna.load_study(study_name=second["search"]["study_name"], storage=url).trials) == 80
+
+
+@pytest.mark.parametrize("model, seq, workload, search", [
+    ("7B", "32k", [], []),
+    ("13B", "4k", [], ["--gpus", "8"]),
+    ("qwen2.5-vl-7b", "32k", ["--frames", "64"], []),
+])
+def test_every_pick_and_alternative_is_predicted_again_by_its_flags(model, seq, workload, search):
+    out = run_json("recommend", "--model", model, "--seq", seq, *workload, *search, "--search", "exhaustive")
+    assert out["alternatives"], "the best of each family is listed"
+    for point in [out["recommended"], *out["pareto"]]:
+        again = run_json("predict", "--model", model, "--seq", seq, *workload, *point["predict_flags"])
+        assert strategy_of(again) == Strategy(**point["strategy"])
+        assert again["step_time_s"] == pytest.approx(point["step_time_s"], rel=1e-12)
+        assert again["energy_j"] == pytest.approx(point["energy_j"], rel=1e-12)
+        assert again["peak_gpu_mem_gib"] == pytest.approx(point["peak_gpu_mem_gib"], rel=1e-12)
+
+
+def test_a_resumed_study_says_so(tmp_path):
+    db = f"sqlite:///{tmp_path / 'study.db'}"
+    first = run_json("recommend", "--model", "tiny-cpu", "--seq", "256", "--trials", "40", "--storage", db)
+    again = run_json("recommend", "--model", "tiny-cpu", "--seq", "256", "--trials", "40", "--storage", db)
+    assert first["search"]["resumed"] is False and first["search"]["trials_total"] == 40
+    assert again["search"]["resumed"] is True and again["search"]["trials_before"] == 40
+    assert again["search"]["trials_total"] == 80 and again["search"]["evaluations"] == 40
+
+
+def test_the_table_says_how_far_to_trust_the_profile_and_names_the_families():
+    result = run("recommend", "--model", "7B", "--seq", "32k", "--trials", "60")
+    assert "gh200: datasheet figures, not measured; run `advisor calibrate`" in result.output
+    assert "Best of each family" in result.output
+    assert "h200: measured on NVIDIA H200 and fitted to real runs" in run(
+        "predict", "--model", "7B", "--seq", "4k", "--profile", "h200").output
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and result.output.startswith("advisor, version ")

@@ -171,3 +171,43 @@ def test_a_killed_sweep_keeps_what_it_finished_and_resumes_with_the_rest(tmp_pat
     assert [r.candidate.seq_len for r in read_records(jsonl)] == [32, 64, 128]
     with RunStore(store) as s:
         assert s.count() == 3
+
+
+def test_a_harness_that_cannot_start_records_nothing_and_stops_the_sweep(tmp_path, monkeypatch):
+    def broken(c, workdir, settings, slots):
+        return RunResult(status="crash", reason="FileNotFoundError: ds_config.json", harness_error=True)
+
+    monkeypatch.setattr(runner, "run_candidate", broken)
+    jsonl = tmp_path / "runs.jsonl"
+    with pytest.raises(runner.HarnessError, match="the harness could not start.*FileNotFoundError"):
+        run_sweep([cand("a"), cand("b"), cand("c")], jsonl, tmp_path / "work")
+    assert read_records(jsonl) == []  # a rerun after the fix runs all three, no --retry needed
+
+
+def test_missing_files_and_modules_are_the_harness_not_the_candidate():
+    from calibration.harness.train import classify_failure, is_harness_error
+
+    assert is_harness_error(FileNotFoundError("work/x/ds_config.json")) and is_harness_error(ImportError("deepspeed"))
+    assert not is_harness_error(RuntimeError("CUDA out of memory"))
+    assert classify_failure(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")) == "oom"
+
+
+def test_a_relative_workdir_is_resolved_before_the_run_changes_folder(tmp_path, monkeypatch):
+    seen = {}
+
+    class Proc:
+        returncode = 0
+        pid = 0
+
+        def __init__(self, cmd, cwd, **kw):
+            seen["cmd"], seen["cwd"] = cmd, cwd
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner.subprocess, "Popen", Proc)
+    runner.run_candidate(cand("a"), Path("work"))
+    config = seen["cmd"][seen["cmd"].index("--ds-config") + 1]
+    assert Path(config).is_absolute() and Path(config).exists()
+    assert Path(seen["cwd"]).is_absolute()
