@@ -38,7 +38,7 @@ LAZY_COMMANDS = {
     "fit": "advisor.cmd_fit:fit",
     "report": "advisor.cmd_fit:report",
 }
-_OUR_PACKAGES = ("models", "advisor", "calibration")
+_OUR_PACKAGES = ("models", "advisor", "calibration", "runs")
 
 
 class OneLineUsageError(click.ClickException):
@@ -160,7 +160,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
     """Predict one optimizer step of one strategy: time, energy (GPU and CPU), memory."""
     from dataclasses import asdict
 
-    from advisor.ds_config import DsSettings, load_ds_config
+    from models.ds_config import DsSettings, load_ds_config
     from advisor.strategy_flags import StrategyFlags, strategy_from_inputs
     from models.predict import predict as predict_one
 

@@ -13,11 +13,11 @@ import click
 
 
 def _run_set(run_paths: tuple[str, ...], store_path: str | None):
-    from advisor.accuracy import read_records, to_run_set
+    from runs.measured import gather_records, to_run_set
 
     if not run_paths and not store_path:
         raise click.UsageError("give the runs: --runs FILE.jsonl (repeatable) and/or --store DB")
-    run_set = to_run_set(read_records(list(run_paths), store_path))
+    run_set = to_run_set(gather_records(list(run_paths), store_path))
     if not run_set.runs:
         where = ", ".join(list(run_paths) + ([store_path] if store_path else []))
         raise click.ClickException(f"no successful runs to use in {where} ({run_set.summary()})")

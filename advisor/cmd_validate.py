@@ -46,7 +46,7 @@ def _local_slots(parallel: bool):
 
 
 def _default_store() -> Path:
-    from advisor.store import default_store_path
+    from runs.store import default_store_path
 
     return default_store_path()
 
@@ -91,7 +91,7 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
              prebuild, as_json):
     """Run candidates for real, predict each first, store both, show predicted / measured (% error)."""
     started = time.monotonic()
-    from advisor.store import RunStore
+    from runs.store import RunStore
     from advisor.validate import candidate_from_ds_config, candidates_from_sweep, compare, run_validation
     from calibration.harness.runner import RunSettings, prebuild_ops
 

@@ -112,7 +112,7 @@ def _dump_json(config: dict):
 def recommend_run(*, arch, workload, profile, gpu_counts, global_batch, tokens, objective, max_slowdown, method,
                   trials, storage, seed, out_ds_config, plot_path, as_json, notes=()) -> SearchResult:
     from advisor.alternatives import alternatives
-    from advisor.ds_config import to_ds_config
+    from models.ds_config import to_ds_config
     from advisor.launch import launch
 
     problem = make_problem(workload, profile, gpu_counts, global_batch, tokens)

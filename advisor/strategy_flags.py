@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from advisor.ds_config import DsSettings, gpus_from_batch, with_defaults
+from models.ds_config import DsSettings, gpus_from_batch, with_defaults
 from advisor.inputs import InputError, check_whole_nodes, step_global_batch
 from advisor.space import checkpoint_fields
 from models.architecture import Architecture

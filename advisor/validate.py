@@ -3,7 +3,7 @@ and compare them.
 
 Candidates come from one DeepSpeed config (`--ds-config`, with `--model/--seq`) or from a sweep
 file: JSONL, one object a line with `model`, `seq`, either `strategy` (models.strategy.Strategy
-fields; the config is written by advisor.ds_config) or `ds_config` (read back into a strategy
+fields; the config is written by models.ds_config) or `ds_config` (read back into a strategy
 for the prediction), and optionally `images`, `frames`, `image_size`, `freeze_vision`, `label`.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from calibration.harness.candidate import Candidate, RunRecord
+from runs.record import Candidate, RunRecord
 
 # What is compared: (name, the prediction's key, the measured RunResult field). Like with like, as
 # `advisor report` does: allocated GPU memory against torch's max_memory_allocated, and the peak
@@ -39,7 +39,7 @@ def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: in
                              frames: int = 0, image_size: int | None = None, freeze_vision: bool = False,
                              label: str = "") -> Candidate:
     """A candidate running `ds_config` as is, with the strategy it describes (for the prediction)."""
-    from advisor.ds_config import gpus_from_batch, parse_ds_config, strategy_from_ds_config
+    from models.ds_config import gpus_from_batch, parse_ds_config, strategy_from_ds_config
     from models.architecture import load_architecture
 
     arch = load_architecture(model)
@@ -56,8 +56,8 @@ def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: in
 
 def candidate_from_strategy(model: str, seq_len: int, strategy: dict, images: int = 0, frames: int = 0,
                             image_size: int | None = None, freeze_vision: bool = False, label: str = "") -> Candidate:
-    """A candidate for a Strategy, its DeepSpeed config written by advisor.ds_config."""
-    from advisor.ds_config import to_ds_config
+    """A candidate for a Strategy, its DeepSpeed config written by models.ds_config."""
+    from models.ds_config import to_ds_config
     from models.architecture import load_architecture
     from models.strategy import Strategy, static_reasons
 

@@ -27,12 +27,11 @@ from advisor.accuracy import (
     compare_as_is,
     compare_held_out,
     format_report,
-    read_records,
-    to_run_set,
 )
 from models.fit import ProfileFit, prefit_profile
-from models.validation import choose_prior_strength, leave_one_out
 from models.profile import load_profile
+from models.validation import choose_prior_strength, leave_one_out
+from runs.measured import gather_records, to_run_set
 
 
 def main(argv=None) -> int:
@@ -47,7 +46,7 @@ def main(argv=None) -> int:
     if not paths:
         print(f"no run files match {args.runs}: nothing to measure against", file=sys.stderr)
         return 1
-    run_set = to_run_set(read_records(paths))
+    run_set = to_run_set(gather_records(paths))
     if not run_set.runs:
         print(f"no successful runs in {', '.join(paths)} ({run_set.summary()})", file=sys.stderr)
         return 1

@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from advisor.accuracy import read_records, to_measured_run  # noqa: E402
+from runs.measured import gather_records, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
 from models.params import count_params  # noqa: E402
 from models.predict import predict  # noqa: E402
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
 
     profile = load_profile(args.profile)
     rows, skipped = [], []
-    for record in read_records(sorted(glob.glob(args.runs))):
+    for record in gather_records(sorted(glob.glob(args.runs))):
         try:
             run = to_measured_run(record)
         except ValueError as exc:

@@ -23,7 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from advisor.accuracy import Compared, error_stats, read_records, to_measured_run  # noqa: E402
+from advisor.accuracy import Compared, error_stats  # noqa: E402
+from runs.jsonl import read_records  # noqa: E402
+from runs.measured import to_measured_run  # noqa: E402
 from models.architecture import load_architecture  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
     if not paths:
         print(f"no run files match {args.runs}", file=sys.stderr)
         return 1
-    by_file = {Path(path).name: read_records([path]) for path in paths}
+    by_file = {Path(path).name: read_records(path) for path in paths}
     records = [r for rs in by_file.values() for r in rs]
     errors = before_run_errors(by_file)
     profile = load_profile(args.profile)

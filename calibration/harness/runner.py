@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-from calibration.harness.candidate import Candidate, RunRecord
-from calibration.harness.result import RunResult
+from runs.jsonl import append_record, read_records
+from runs.record import Candidate, RunRecord, RunResult
 
 
 @dataclass(frozen=True)
@@ -192,27 +192,6 @@ def _log_tail(log_path: Path, lines: int) -> str:
     return " | ".join(useful[-lines:])[-600:]
 
 
-def read_records(path: Path) -> list[RunRecord]:
-    """Records of a JSONL file; a torn last line (the sweep was killed mid-write) is skipped."""
-    records = []
-    if not Path(path).exists():
-        return records
-    for line in Path(path).read_text().splitlines():
-        try:
-            records.append(RunRecord.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    return records
-
-
-def append_record(path: Path, record: RunRecord) -> None:
-    """One line, flushed and synced: a killed sweep loses at most the run in flight."""
-    with open(path, "a") as f:
-        f.write(record.to_json_line())
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def run_sweep(
     candidates: Iterable[Candidate],
     jsonl_path: Path,
@@ -237,7 +216,7 @@ def run_sweep(
     `concurrent=False` runs one candidate at a time."""
     slots = slots or [Slot()]
     on_gpus = slots[0].gpu is not None
-    done = {r.key for r in read_records(jsonl_path) if r.result.status not in retry}
+    done = {r.key for r in read_records(jsonl_path, missing_ok=True) if r.result.status not in retry}
     pending = [c for c in candidates if c.key() not in done]
     end = None if deadline_s is None else time.monotonic() + deadline_s
     free, running, new = list(slots), {}, []

@@ -22,7 +22,7 @@ import time
 import traceback
 
 from calibration.harness.measure import HostMemorySampler
-from calibration.harness.result import RunResult
+from runs.record import RunResult
 
 GIB = 2**30
 
@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Ulysses degree (default: ds_config's sequence_parallel_size, else 1)")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="checkpoint every k-th block (0 none, 1 all; default: from the ds_config's "
-                        "activation_checkpointing.number_checkpoints, as advisor.ds_config writes it)")
+                        "activation_checkpointing.number_checkpoints, as models.ds_config writes it)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -68,21 +68,6 @@ def prepare_config(cfg: dict, device_kind: str) -> tuple[dict, list[str]]:
                 cfg[half]["enabled"] = False
                 changes.append(f"{half} disabled (CPU run in fp32)")
     return cfg, changes
-
-
-def checkpoint_every_from_config(cfg: dict, num_layers: int) -> int:
-    """advisor.ds_config's convention: no `activation_checkpointing` section means none; a section
-    checkpoints every k-th block with k the smallest giving at most `number_checkpoints`
-    (= ceil(layers / k)) checkpointed blocks; a section without that key means every block."""
-    section = cfg.get("activation_checkpointing")
-    if section is None:
-        return 0
-    n = section.get("number_checkpoints")
-    if n is None or n >= num_layers:
-        return 1
-    if n < 1:
-        raise ValueError(f"activation_checkpointing.number_checkpoints must be at least 1, got {n}")
-    return next(k for k in range(1, num_layers + 1) if math.ceil(num_layers / k) <= n)
 
 
 def _dtype(cfg: dict):
@@ -119,6 +104,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
     from calibration.harness.model import Checkpointing, Transformer
     from models.architecture import load_architecture
+    from models.ds_config import parse_ds_config
     from models.workload import Workload
 
     timeline.mark("imported")
@@ -154,8 +140,8 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     dp_rank = rank // sp  # parallel_state_sp makes each sp group a contiguous range of ranks
 
     every = args.checkpoint_every
-    if every is None:
-        every = checkpoint_every_from_config(cfg, arch.num_layers)
+    if every is None:  # the config's own spacing, read as models.ds_config writes it
+        every = parse_ds_config(cfg, arch).fields["checkpoint_every"]
     checkpointing = Checkpointing()
     if every:
         deepspeed.checkpointing.configure(mpu, deepspeed_config=cfg)

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from advisor.cli import main
-from advisor.ds_config import to_ds_config
+from models.ds_config import to_ds_config
 from models.profile import PROFILES_DIR
 from models.strategy import Strategy
 

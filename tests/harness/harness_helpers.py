@@ -1,5 +1,5 @@
 """Tiny models and hand-written DeepSpeed configs for the harness tests (not through
-advisor.ds_config, so these tests stand on their own)."""
+models.ds_config, so these tests stand on their own)."""
 from __future__ import annotations
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -12,7 +12,7 @@ TINY_VL = {**TINY, "vision_config": {
 
 def ds_config(stage: int = 0, micro_batch: int = 1, grad_accum: int = 1, sp: int = 1, checkpoint: bool = False,
               **zero) -> dict:
-    """A minimal DeepSpeed config, written here so the tests do not depend on advisor.ds_config."""
+    """A minimal DeepSpeed config, written here so the tests do not depend on models.ds_config."""
     cfg = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": grad_accum,
            "zero_optimization": {"stage": stage, **zero},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},

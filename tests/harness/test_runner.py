@@ -8,8 +8,7 @@ import math
 import pytest
 from harness_helpers import TINY, ds_config
 
-from calibration.harness.candidate import Candidate
-from calibration.harness.result import RunResult
+from runs.record import Candidate, RunResult
 from calibration.harness.runner import RunSettings, _collect, run_candidate
 
 QUICK = RunSettings(warmup=1, steps=2, min_window_s=0.0, timeout_s=180)

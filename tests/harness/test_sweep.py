@@ -15,9 +15,9 @@ import pytest
 from harness_helpers import ds_config
 
 import calibration.harness.runner as runner
-from calibration.harness.candidate import Candidate, RunRecord
-from calibration.harness.result import RunResult
-from calibration.harness.runner import Slot, read_records, run_sweep, split_slots
+from calibration.harness.runner import Slot, run_sweep, split_slots
+from runs.jsonl import read_records
+from runs.record import Candidate, RunRecord, RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -151,7 +151,7 @@ def test_a_killed_sweep_keeps_what_it_finished_and_resumes_with_the_rest(tmp_pat
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while len(read_records(jsonl)) < 1 and time.monotonic() < deadline and proc.poll() is None:
+    while len(read_records(jsonl, missing_ok=True)) < 1 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     time.sleep(1.0)  # the second run is starting
     os.killpg(proc.pid, signal.SIGKILL)
@@ -159,7 +159,7 @@ def test_a_killed_sweep_keeps_what_it_finished_and_resumes_with_the_rest(tmp_pat
     finished = read_records(jsonl)
     assert 1 <= len(finished) < 3 and all(r.result.status == "ok" for r in finished)
 
-    from advisor.store import RunStore
+    from runs.store import RunStore
 
     with RunStore(store) as s:
         assert {r.key for r in s.runs()} == {r.key for r in finished}  # the store lost nothing either
@@ -181,7 +181,7 @@ def test_a_harness_that_cannot_start_records_nothing_and_stops_the_sweep(tmp_pat
     jsonl = tmp_path / "runs.jsonl"
     with pytest.raises(runner.HarnessError, match="the harness could not start.*FileNotFoundError"):
         run_sweep([cand("a"), cand("b"), cand("c")], jsonl, tmp_path / "work")
-    assert read_records(jsonl) == []  # a rerun after the fix runs all three, no --retry needed
+    assert read_records(jsonl, missing_ok=True) == []  # a rerun after the fix runs all three, no --retry needed
 
 
 def test_missing_files_and_modules_are_the_harness_not_the_candidate():

@@ -3,22 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.ds_config import parse_ds_config, to_ds_config
-from calibration.harness.train import checkpoint_every_from_config, classify_failure, prepare_config
-from models.architecture import load_architecture
-from models.strategy import Strategy
-
-
-@pytest.mark.parametrize("every", range(0, 23))
-def test_checkpoint_spacing_follows_advisor_ds_config(every):
-    arch = load_architecture("tinyllama-1.1b")  # 22 layers: many k give the same count
-    cfg = to_ds_config(Strategy(checkpoint_every=every), arch)
-    assert checkpoint_every_from_config(cfg, arch.num_layers) == parse_ds_config(cfg, arch).fields["checkpoint_every"]
-
-
-def test_a_section_without_a_count_checkpoints_every_block():
-    assert checkpoint_every_from_config({"activation_checkpointing": {}}, 24) == 1
-    assert checkpoint_every_from_config({}, 24) == 0
+from calibration.harness.train import classify_failure, prepare_config
 
 
 def test_cpu_runs_get_torch_adam_and_fp32_and_say_so():

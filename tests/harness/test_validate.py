@@ -9,7 +9,6 @@ from click.testing import CliRunner
 from harness_helpers import ds_config
 
 from advisor.cli import main
-from advisor.store import RunStore
 from advisor.validate import (
     SweepFileError,
     candidate_from_ds_config,
@@ -17,8 +16,8 @@ from advisor.validate import (
     compare,
     make_predictor,
 )
-from calibration.harness.candidate import Candidate, RunRecord
-from calibration.harness.result import RunResult
+from runs.record import Candidate, RunRecord, RunResult
+from runs.store import RunStore
 
 
 def write_sweep(tmp_path, *lines) -> str:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from advisor.ds_config import (
+from models.ds_config import (
     ZERO_KEYS,
     DsConfigError,
     gpus_from_batch,
@@ -160,3 +160,13 @@ def test_unknown_keys_are_named_as_warnings(arch7b):
                                  "ds.json: unknown key 'zero_optimization.overlapcomm': DeepSpeed refuses the config")
     assert parse_ds_config(to_ds_config(Strategy(zero_stage=3, offload_optimizer="cpu", checkpoint_every=1), arch7b),
                            arch7b).warnings == ()
+
+
+@pytest.mark.parametrize("every", range(0, 23))
+def test_any_checkpoint_spacing_reads_back_to_the_same_checkpointed_layers(every):
+    from models.architecture import load_architecture
+    from models.flops import checkpointed_layers
+
+    arch = load_architecture("tinyllama-1.1b")  # 22 layers: many k give the same count
+    read = parse_ds_config(to_ds_config(Strategy(checkpoint_every=every), arch), arch).fields["checkpoint_every"]
+    assert checkpointed_layers(22, read) == checkpointed_layers(22, every)

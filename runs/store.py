@@ -1,4 +1,4 @@
-"""The run store: every real training run and calibration microbenchmark, in SQLite.
+"""The run store: every real training run, in SQLite.
 
 The schema is versioned with `PRAGMA user_version` and migrated forward on open; a store
 written by a newer version is refused rather than misread. Each write is one transaction, so
@@ -12,13 +12,13 @@ import json
 import os
 import sqlite3
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
-from calibration.harness.candidate import RunRecord
+from runs.jsonl import read_records
+from runs.record import RunRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Index i holds the statements that take a store from version i to i + 1.
 MIGRATIONS: list[list[str]] = [
@@ -59,25 +59,14 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX calibration_name ON calibration (name)",
     ],
+    # 2: calibration keeps its resumable raw JSONL beside the profile; the table was never written.
+    ["DROP INDEX calibration_name", "DROP TABLE calibration"],
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
 class StoreError(RuntimeError):
     """A store that cannot be used (written by a newer version, not a store, unreadable)."""
-
-
-def read_jsonl(path: str | Path) -> list[RunRecord]:
-    """The runs of a JSONL file, one RunRecord a line; a malformed line names its line number."""
-    records = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(RunRecord.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as exc:
-            raise StoreError(f"{path}:{number}: not a run record ({exc})") from None
-    return records
 
 
 def default_store_path() -> Path:
@@ -90,10 +79,6 @@ def default_store_path() -> Path:
     except OSError:
         pass
     return Path("runs.db")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class RunStore:
@@ -202,7 +187,7 @@ class RunStore:
 
     def import_jsonl(self, path: str | Path) -> int:
         """Add the runs of a JSONL file (one RunRecord a line); returns how many were new."""
-        return self.add_runs(read_jsonl(path))
+        return self.add_runs(read_records(path))
 
     def export_jsonl(self, path: str | Path, status: str | None = None, model: str | None = None) -> int:
         """Write runs as JSONL (atomically); returns how many."""
@@ -212,24 +197,3 @@ class RunStore:
         tmp.write_text("".join(r.to_json_line() for r in records))
         tmp.replace(path)
         return len(records)
-
-    # --- calibration microbenchmarks ------------------------------------------------------
-    def add_calibration(self, name: str, params: dict, result: dict, machine: dict, date: str | None = None) -> int:
-        """Store one microbenchmark result (e.g. name 'gemm', params the shape, result the rate)."""
-        with self._transaction():
-            cur = self._db.execute(
-                "INSERT INTO calibration (date, name, machine_json, params_json, result_json) VALUES (?, ?, ?, ?, ?)",
-                (date or _now(), name, json.dumps(machine, sort_keys=True), json.dumps(params, sort_keys=True),
-                 json.dumps(result, sort_keys=True)),
-            )
-            return cur.lastrowid
-
-    def calibrations(self, name: str | None = None) -> list[dict]:
-        query, args = "SELECT id, date, name, machine_json, params_json, result_json FROM calibration", []
-        if name is not None:
-            query, args = query + " WHERE name = ?", [name]
-        rows = self._db.execute(query + " ORDER BY id", args).fetchall()
-        return [
-            {"id": i, "date": d, "name": n, "machine": json.loads(m), "params": json.loads(p), "result": json.loads(r)}
-            for i, d, n, m, p, r in rows
-        ]

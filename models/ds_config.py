@@ -13,11 +13,11 @@ ceil(layers / k); a section without that key means every layer; no section means
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models.architecture import Architecture
+from models.flops import checkpointed_layers
 from models.strategy import Strategy
 
 
@@ -58,10 +58,6 @@ enable_sanity_checks compute_grad_norm leaf_module parameter_alignment save_muon
 # Placeholders for the optimizer: the advisor chooses the layout, not the training recipe.
 OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}}
 SUPER_OFFLOAD_CPU_CORES_PERC = 0.8  # DeepSpeed's default for cpuadam_cores_perc
-
-
-def checkpointed_layers(checkpoint_every: int, num_layers: int) -> int:
-    return math.ceil(num_layers / checkpoint_every)
 
 
 def to_ds_config(strategy: Strategy, arch: Architecture) -> dict:
@@ -105,7 +101,7 @@ def to_ds_config(strategy: Strategy, arch: Architecture) -> dict:
             "partition_activations": False,
             "cpu_checkpointing": s.cpu_checkpointing,
             "contiguous_memory_optimization": False,
-            "number_checkpoints": checkpointed_layers(s.checkpoint_every, arch.num_layers),
+            "number_checkpoints": int(checkpointed_layers(arch.num_layers, s.checkpoint_every)),
             "synchronize_checkpoint_boundary": False,
             "profile": False,
         }
@@ -193,7 +189,7 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
                 f"{origin}: bad key 'activation_checkpointing.number_checkpoints': must be 1..{arch.num_layers}, got {n}"
             )
         every = 1 if n is None else min(k for k in range(1, arch.num_layers + 1)
-                                        if checkpointed_layers(k, arch.num_layers) <= n)
+                                        if checkpointed_layers(arch.num_layers, k) <= n)
         out["checkpoint_every"] = every
         out["cpu_checkpointing"] = _get(ckpt, "cpu_checkpointing", bool, f"{origin} activation_checkpointing", False)
     for key, name in (("train_micro_batch_size_per_gpu", "micro_batch"), ("gradient_accumulation_steps", "grad_accum"),

@@ -5,11 +5,14 @@ import json
 import sqlite3
 
 import pytest
-from harness_helpers import ds_config
 
-from advisor.store import SCHEMA_VERSION, RunStore, StoreError, default_store_path
-from calibration.harness.candidate import Candidate, RunRecord
-from calibration.harness.result import RunResult
+from runs.jsonl import RunFileError
+from runs.record import Candidate, RunRecord, RunResult
+from runs.store import MIGRATIONS, SCHEMA_VERSION, RunStore, StoreError, default_store_path
+
+
+def ds_config(stage: int) -> dict:
+    return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}}
 
 
 def record(seq: int, status: str = "ok", step: float | None = 1.5, date: str = "2026-11-29T10:00:00+00:00",
@@ -99,17 +102,25 @@ def test_a_malformed_jsonl_line_is_named(tmp_path):
     path = tmp_path / "runs.jsonl"
     path.write_text(record(1024).to_json_line() + '{"key": "x"}\n')
     with RunStore(tmp_path / "runs.db") as store:
-        with pytest.raises(StoreError, match=r"runs.jsonl:2"):
+        with pytest.raises(RunFileError, match=r"runs.jsonl:2"):
             store.import_jsonl(path)
         assert store.count() == 0  # the good line was not half-imported either
 
 
-def test_calibration_results_are_stored(tmp_path):
-    with RunStore(tmp_path / "runs.db") as store:
-        store.add_calibration("gemm", {"m": 8192, "dtype": "bf16"}, {"tflops": 654.0}, {"gpu": "NVIDIA H200"})
-        store.add_calibration("all_gather", {"bytes": 2**24}, {"busbw_gb_s": 181.0}, {"gpu": "NVIDIA H200"})
-        assert [c["result"] for c in store.calibrations("gemm")] == [{"tflops": 654.0}]
-        assert len(store.calibrations()) == 2
+def test_a_version_1_store_is_migrated_and_keeps_its_runs(tmp_path):
+    path = tmp_path / "runs.db"
+    db = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        db.execute(statement)
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    with RunStore(path) as store:  # version 1 had a calibration table nothing wrote
+        store.add_run(record(2048))
+    with RunStore(path) as store:
+        assert store.schema_version == SCHEMA_VERSION and store.count() == 1
+        tables = {row[0] for row in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"runs"}
 
 
 def test_two_stores_on_one_file_see_each_others_writes(tmp_path):
@@ -126,3 +137,19 @@ def test_default_store_path_prefers_the_cache_folder(tmp_path, monkeypatch):
     blocked.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # a file where the folder would go
     assert str(default_store_path()) == "runs.db"
+
+
+def test_a_torn_last_line_is_skipped_and_any_other_bad_line_named(tmp_path):
+    from runs.jsonl import append_record, read_records
+
+    path = tmp_path / "runs.jsonl"
+    append_record(path, record(1024))
+    with open(path, "a") as f:
+        f.write('{"key": "half a reco')  # the sweep was killed while writing
+    assert [r.candidate.seq_len for r in read_records(path)] == [1024]
+    path.write_text('{"key": "half"\n' + record(1024).to_json_line())
+    with pytest.raises(RunFileError, match="runs.jsonl:1"):
+        read_records(path)
+    assert read_records(tmp_path / "none.jsonl", missing_ok=True) == []
+    with pytest.raises(RunFileError, match="not found"):
+        read_records(tmp_path / "none.jsonl")

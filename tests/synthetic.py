@@ -16,7 +16,7 @@ from models.profile import HardwareProfile, load_profile
 from models.strategy import Strategy
 from models.workload import Workload
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SWEEPS = (REPO / "data/sweeps/h200-x1.jsonl", REPO / "data/sweeps/h200-x2.jsonl")
 
 # The "true" constants of the synthetic machine; the base profile (gh200) starts elsewhere.
@@ -85,8 +85,7 @@ def synthetic_records(specs: list[dict], profile: HardwareProfile | None = None,
     """RunRecords (as data/runs/*.jsonl holds them) measured as `profile` predicts, and one failed
     record per status in `failed` (on the first spec's workload, with the first specs' strategies)."""
     from advisor.validate import candidate_from_strategy
-    from calibration.harness.candidate import RunRecord
-    from calibration.harness.result import RunResult
+    from runs.record import RunRecord, RunResult
 
     runs = synthetic_runs(profile, noise, seed, specs)
     records = []

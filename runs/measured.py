@@ -1,0 +1,114 @@
+"""Measured runs as the cost model sees them: stored run records in, `models.fit.MeasuredRun`s out.
+
+Runs that failed (oom, crash, timeout) cannot be compared and are counted, not used; a
+candidate measured twice counts once (the latest). This is the one place a record becomes a
+run the fit and the accuracy report can use, so `advisor fit`, `advisor report`, `advisor
+validate` and the benchmarks see the same runs.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.fit import MeasuredRun
+from runs.jsonl import RunFileError, read_records
+from runs.record import RunRecord
+from runs.store import RunStore
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAILED = ("oom", "crash", "timeout")
+
+
+def gather_records(paths: list[str | Path] = (), store: str | Path | None = None) -> list[RunRecord]:
+    """Records from JSONL files (one RunRecord a line) and from a run store, in that order."""
+    records = []
+    for path in paths:
+        records.extend(read_records(path))
+    if store is not None:
+        if not Path(store).exists():
+            raise RunFileError(f"run store not found: {store}")
+        with RunStore(store) as db:
+            records.extend(db.runs())
+    return records
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """The usable runs, and an account of every record that is not among them."""
+
+    runs: list[MeasuredRun]
+    failed: dict[str, int]  # status -> count (oom, crash, timeout): excluded
+    skipped: list[str] = field(default_factory=list)  # ok records that cannot be used, and why
+    duplicates: int = 0  # older ok records of a candidate measured again (the latest is kept)
+
+    def summary(self) -> str:
+        parts = [f"{len(self.runs)} runs used"]
+        if self.failed:
+            parts.append("failed, not used: " + ", ".join(f"{n} {s}" for s, n in sorted(self.failed.items())))
+        if self.skipped:
+            parts.append(f"{len(self.skipped)} unusable")
+        if self.duplicates:
+            parts.append(f"{self.duplicates} repeated runs (latest kept)")
+        return "; ".join(parts)
+
+
+def _resolve_model(model: str) -> str:
+    """A config.json named relative to the repository (as sweep files do) works from any folder."""
+    if model.endswith(".json") and not Path(model).exists() and (REPO_ROOT / model).exists():
+        return str(REPO_ROOT / model)
+    return model
+
+
+def _model_name(model: str) -> str:
+    return Path(model).stem if model.endswith(".json") else model
+
+
+def _label(c, strategy) -> str:
+    """Sweep labels already start with the model and context; others get them."""
+    name = _model_name(c.model)
+    label = c.label or strategy.label()
+    return label if label.startswith(name) else f"{name} {c.seq_len} {label}"
+
+
+def to_measured_run(record: RunRecord) -> MeasuredRun:
+    """One ok record as a MeasuredRun; ValueError saying why when it cannot be one."""
+    from models.architecture import load_architecture
+    from models.strategy import Strategy
+    from models.workload import Workload
+
+    c, r = record.candidate, record.result
+    if r.status != "ok":
+        raise ValueError(f"status {r.status}")
+    if r.step_time_s is None or not r.step_time_s > 0:
+        raise ValueError("no measured step time")
+    arch = load_architecture(_resolve_model(c.model))
+    if c.strategy is not None:
+        strategy = Strategy(**c.strategy)
+    else:
+        from models.ds_config import parse_ds_config, strategy_from_ds_config
+
+        settings = parse_ds_config(c.ds_config, arch)
+        strategy = strategy_from_ds_config(settings, gpus=c.gpus, gpus_per_node=c.gpus)
+    workload = Workload(arch, c.seq_len, images=c.images, frames=c.frames, image_size=c.image_size,
+                        train_vision=not c.freeze_vision)
+    energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
+    return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
+                       r.peak_gpu_reserved_gib, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy))
+
+
+def to_run_set(records: list[RunRecord]) -> RunSet:
+    """Usable runs of `records`: failed ones counted by status, repeats of a key reduced to the latest."""
+    unique = list({(r.key, r.date): r for r in records}.values())  # one record read from two files is one run
+    failed = Counter(r.result.status for r in unique if r.result.status in FAILED)
+    latest: dict[str, RunRecord] = {}
+    ok = [r for r in unique if r.result.status == "ok"]
+    for record in sorted(ok, key=lambda r: r.date):
+        latest[record.key] = record
+    runs, skipped = [], []
+    for record in latest.values():
+        try:
+            runs.append(to_measured_run(record))
+        except (ValueError, KeyError, TypeError) as exc:
+            skipped.append(f"{record.key} {record.candidate.label}: {exc}")
+    return RunSet(runs, dict(failed), skipped, len(ok) - len(latest))

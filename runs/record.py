@@ -1,0 +1,173 @@
+"""A real run: the candidate that was run, what it measured, and the record of both as it is
+stored and shipped (one JSONL line).
+
+A `RunRecord` line is what `data/runs/*.jsonl` holds and what `runs.store` imports: the
+workload, the strategy and DeepSpeed config it ran, the prediction made before the run, and
+the measured `RunResult`. The key hashes what determines the run, so a resumed sweep skips
+runs already recorded. Per-step quantities in a `RunResult` are averages over the measured
+window; energies sum over every GPU of the job, like `models.predict.Prediction`. `None` means
+not measured (no sensor, or the run failed), never zero.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+STATUSES = ("ok", "oom", "crash", "timeout")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str  # ok | oom | crash | timeout
+    reason: str = ""  # why it failed; empty when ok
+    step_time_s: float | None = None  # wall time of one optimizer step, GPU synchronized
+    gpu_energy_j: float | None = None  # per step, summed over the job's GPUs
+    cpu_energy_j: float | None = None  # per step, host CPU
+    cpu_energy_estimated: bool = False  # True when cpu_energy_j is a model, not a sensor
+    peak_gpu_mem_gib: float | None = None  # torch max_memory_allocated, max over ranks
+    peak_gpu_reserved_gib: float | None = None  # torch max_memory_reserved, max over ranks
+    peak_host_mem_gib: float | None = None  # peak RSS of each rank's process tree, summed over ranks
+    host_mem_baseline_gib: float | None = None  # the same before the model was built (runtime, libraries)
+    tokens_per_s: float | None = None  # sequences x context length per second, whole job
+    warmup_steps: int = 0
+    measured_steps: int = 0
+    window_s: float | None = None  # length of the measured window
+    step_times_s: list[float] = field(default_factory=list)  # each measured step, rank 0
+    gpu_energy_window_j: dict[str, float] | None = None  # per global rank, whole window
+    gpu_power_avg_w: dict[str, float] | None = None  # per global rank, over the window
+    cpu_process_core_s: float | None = None  # CPU seconds used by the ranks' process trees, per step
+    loss_first: float | None = None
+    loss_last: float | None = None
+    gpu_meter: str = "absent"  # nvml | absent (and why)
+    cpu_meter: str = "absent"  # rapl | grace-hwmon | absent
+    world_size: int = 0
+    config_adjustments: list[str] = field(default_factory=list)  # what the harness changed in ds_config
+    machine: dict = field(default_factory=dict)  # host, GPU, versions
+    layout: dict = field(default_factory=dict)  # as run: ZeRO stage, sp, dp, checkpointing, optimizer class
+    timeline_s: dict[str, float] = field(default_factory=dict)  # rank 0: seconds since its start at each stage
+    wall_s: float | None = None  # whole run including start-up, filled in by the runner
+    concurrent_runs: int = 1  # most runs sharing the machine meanwhile (host CPU energy is whole-host)
+    # The harness itself could not start (a missing module or file, a bad argument): says nothing about
+    # the candidate, so the sweep records no result for it and stops.
+    harness_error: bool = False
+
+    def __post_init__(self):
+        assert self.status in STATUSES, f"unknown status {self.status!r}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunResult":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def write(self, path: str | Path) -> None:
+        """Atomic: a reader never sees half a file."""
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: str | Path) -> "RunResult":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One real run: a workload, and the DeepSpeed config (plus harness knobs) that lays it out."""
+
+    model: str  # preset name or config.json path
+    seq_len: int
+    ds_config: dict
+    gpus: int = 1
+    sp: int | None = None  # None: the ds_config's sequence_parallel_size
+    checkpoint_every: int | None = None  # None: from the ds_config (models.ds_config's convention)
+    images: int = 0
+    frames: int = 0
+    image_size: int | None = None
+    freeze_vision: bool = False
+    strategy: dict | None = None  # the models.strategy.Strategy fields it came from, if any
+    label: str = ""  # for people; not part of the key
+
+    def __post_init__(self):
+        if self.gpus < 1 or self.seq_len < 1:
+            raise ValueError(f"gpus and seq_len must be positive, got {self.gpus} and {self.seq_len}")
+        if self.images and self.frames:
+            raise ValueError("give images or frames, not both")
+
+    def workload(self) -> dict:
+        return {
+            "model": self.model,
+            "seq_len": self.seq_len,
+            "images": self.images,
+            "frames": self.frames,
+            "image_size": self.image_size,
+            "train_vision": not self.freeze_vision,
+        }
+
+    def key(self) -> str:
+        """Stable id of what determines the run (not the label, not the strategy's spelling)."""
+        what = {
+            "workload": self.workload(),
+            "ds_config": self.ds_config,
+            "gpus": self.gpus,
+            "sp": self.sp,
+            "checkpoint_every": self.checkpoint_every,
+        }
+        return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Candidate":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One real run, measured or failed, with the prediction made before it."""
+
+    key: str
+    date: str  # ISO 8601, UTC, when the run finished
+    candidate: Candidate
+    result: RunResult
+    prediction: dict | None = None  # models.predict.Prediction.to_dict(), made before the run
+    profile: str | None = None  # the hardware profile the prediction used
+    notes: list[str] = field(default_factory=list)  # e.g. why there is no prediction
+
+    @classmethod
+    def now(cls, candidate: Candidate, result: RunResult, prediction=None, profile=None, notes=()) -> "RunRecord":
+        date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        return cls(candidate.key(), date, candidate, result, prediction, profile, list(notes))
+
+    def to_dict(self) -> dict:
+        return {
+            "key": self.key,
+            "date": self.date,
+            "candidate": self.candidate.to_dict(),
+            "result": self.result.to_dict(),
+            "prediction": self.prediction,
+            "profile": self.profile,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunRecord":
+        return cls(
+            key=data["key"],
+            date=data["date"],
+            candidate=Candidate.from_dict(data["candidate"]),
+            result=RunResult.from_dict(data["result"]),
+            prediction=data.get("prediction"),
+            profile=data.get("profile"),
+            notes=list(data.get("notes", [])),
+        )
+
+    def to_json_line(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True) + "\n"

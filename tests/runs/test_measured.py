@@ -1,0 +1,60 @@
+"""Run records become the fit's MeasuredRuns: failed runs counted, not used; repeats reduced to the latest."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from synthetic import synthetic_records, write_jsonl
+
+from models.fit import MeasuredRun
+from runs.jsonl import RunFileError
+from runs.measured import gather_records, to_run_set
+from runs.record import RunRecord, RunResult
+from runs.store import RunStore
+
+
+@pytest.fixture(scope="module")
+def records(small_specs):
+    return synthetic_records(small_specs[:6], failed=("oom", "crash", "timeout", "oom"))
+
+
+def test_store_records_become_runs_and_failures_are_counted(records, tmp_path):
+    first = records[0]
+    again = RunRecord(first.key, "2026-11-30T09:00:00+00:00", first.candidate,
+                      dataclasses.replace(first.result, step_time_s=first.result.step_time_s * 1.5))
+    no_time = RunRecord("nosteptime", "2026-11-29T12:00:00+00:00", records[1].candidate,
+                        RunResult(status="ok", gpu_meter="absent"))
+    with RunStore(tmp_path / "runs.db") as store:
+        store.add_runs(records + [again, no_time])
+    run_set = to_run_set(gather_records(store=tmp_path / "runs.db"))
+    assert len(run_set.runs) == 6
+    assert run_set.failed == {"oom": 2, "crash": 1, "timeout": 1}
+    assert run_set.duplicates == 1
+    assert len(run_set.skipped) == 1 and "no measured step time" in run_set.skipped[0]
+    by_id = {r.run_id: r for r in run_set.runs}
+    assert by_id[first.key].step_time_s == pytest.approx(first.result.step_time_s * 1.5)  # the latest is kept
+    run = by_id[records[2].key]
+    assert isinstance(run, MeasuredRun)
+    assert run.gpu_energy_j == records[2].result.gpu_energy_j
+    assert run.peak_gpu_reserved_gib == records[2].result.peak_gpu_reserved_gib
+    assert run.strategy.label() == records[2].candidate.label
+    assert "2 oom" in run_set.summary() and "1 timeout" in run_set.summary()
+
+
+def test_jsonl_and_store_read_the_same(records, tmp_path):
+    write_jsonl(records, tmp_path / "runs.jsonl")
+    with RunStore(tmp_path / "runs.db") as store:
+        store.import_jsonl(tmp_path / "runs.jsonl")
+    a = to_run_set(gather_records([tmp_path / "runs.jsonl"]))
+    b = to_run_set(gather_records(store=tmp_path / "runs.db"))
+    assert sorted(r.run_id for r in a.runs) == sorted(r.run_id for r in b.runs)
+    assert a.failed == b.failed
+
+
+def test_unreadable_run_file_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"key": "x"}\n')
+    with pytest.raises(RunFileError, match="bad.jsonl:1"):
+        gather_records([path])
+    with pytest.raises(RunFileError, match="not found"):
+        gather_records([tmp_path / "missing.jsonl"])
