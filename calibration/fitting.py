@@ -119,17 +119,6 @@ def _round(v: float, digits: int = 6) -> float:
     return float(f"{v:.{digits}g}")
 
 
-def causal_attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, backward: bool) -> float:
-    """FLOPs of causal attention, counting only the unmasked half of the score matrix.
-
-    Forward: QK^T and PV are 2*b*h*s^2*d each, halved for causal: 2*b*h*s^2*d.
-    Backward: five such matmuls (recomputed S, dV, dP, dQ, dK) = 2.5x forward, the
-    FlashAttention paper's convention.
-    """
-    fwd = 2.0 * batch * heads * seq_len * seq_len * head_dim
-    return 2.5 * fwd if backward else fwd
-
-
 def gemm_flops(m: int, n: int, k: int) -> float:
     """2*M*N*K: one multiply and one add per term."""
     return 2.0 * m * n * k

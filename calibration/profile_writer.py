@@ -12,6 +12,7 @@ from statistics import median
 
 from calibration.cpu_power import estimate_cpu_power
 from calibration.fitting import COLLECTIVE_OPS, bus_factor, build_curve, fit_alpha_beta
+from models.flops import ATTENTION_BWD_PER_FWD, causal_attention_flops
 from calibration.rawlog import RawResult
 from models.profile import SCHEMA_VERSION, HardwareProfile, parse_profile
 
@@ -94,6 +95,16 @@ class ProfileBuilder:
         pts = build_curve([r[xk] for r in rows], [r[yk] for r in rows])
         return {"x_unit": x_unit, "y_unit": y_unit, "x": pts.x, "y": pts.y, "source": what}
 
+    @staticmethod
+    def attention_rates(rows: list[dict]) -> list[dict]:
+        """Rates from the measured times and the cost model's own FLOP count, whatever count the raw
+        file was written with (files before 2026-11-30 counted backward as 2.5x forward)."""
+        return [{**r, "fwd_flop_per_s": float(causal_attention_flops(r["batch"], r["heads"], r["seq_len"],
+                                                                     r["head_dim"])) / r["fwd_time_s"],
+                 "bwd_flop_per_s": float(causal_attention_flops(r["batch"], r["heads"], r["seq_len"],
+                                                                r["head_dim"], backward=True)) / r["bwd_time_s"]}
+                for r in rows]
+
     # -- sections --------------------------------------------------------------------------
     def gpu(self) -> dict:
         env, tag = self.env, self.cpu_tag
@@ -107,7 +118,9 @@ class ProfileBuilder:
                     f"weight gradients, logits), median of timed batches; log-binned, isotonic non-decreasing; "
                     f"raw points in {self.raw_file}")
         att_src = lambda fb: (f"{where}: torch SDPA causal {fb}, head_dim {att[0]['head_dim'] if att else '?'}, "
-                              f"counting causal FLOPs only (bwd = 2.5 x fwd); raw in {self.raw_file}")
+                              f"counting causal FLOPs only (bwd = {ATTENTION_BWD_PER_FWD:g} x fwd, models.flops); "
+                              f"raw in {self.raw_file}")
+        att = self.attention_rates(att)
         if self.cpu:
             memory = _q(env["host_memory_gib"] or 0.0, "GiB", f"{tag}: host memory (psutil)")
             cap = _q(self.estimate.busy_w, "W", f"{tag}: host CPU busy power, {self.estimate.basis}")

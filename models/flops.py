@@ -40,6 +40,19 @@ LOSS_FWD_BYTES_PER_VOCAB = 14.0  # per token: cast bf16 -> fp32 (2 + 4), log-sof
 LOSS_BWD_BYTES_PER_VOCAB = 22.0  # per token: gradient written (4), log-softmax backward (12), cast back (6)
 
 
+# Causal attention's backward counted as this many times its forward (model FLOPs: dQ, dK, dV;
+# FlashAttention's recomputation of the scores is part of its measured rate, not of the count).
+ATTENTION_BWD_PER_FWD = 2.0
+
+
+def causal_attention_flops(batch, heads, seq_len, head_dim, backward: bool = False):
+    """FLOPs of causal attention over full sequences, the unmasked half only: QK^T and PV are
+    2*b*h*s^2*d each, halved for causal, so forward is 2*b*h*s^2*d; backward ATTENTION_BWD_PER_FWD
+    times that. The one count the cost model and the calibration's attention rates share."""
+    fwd = 2.0 * batch * heads * np.asarray(seq_len, dtype=float) ** 2 * head_dim
+    return ATTENTION_BWD_PER_FWD * fwd if backward else fwd
+
+
 def checkpointed_layers(num_layers: int, checkpoint_every) -> np.ndarray:
     """Layers whose forward runs again in backward: 0, L, or ceil(L/k) for every k-th layer."""
     k = np.asarray(checkpoint_every)
@@ -100,7 +113,7 @@ class MicroStepWork:
 
     @property
     def attn_bwd_flops(self) -> np.ndarray:
-        return 2.0 * self.attn_fwd_flops
+        return ATTENTION_BWD_PER_FWD * self.attn_fwd_flops
 
     @property
     def vis_attn_bwd_flops(self) -> np.ndarray:
@@ -159,8 +172,9 @@ def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every) -> MicroStep
     n_ckpt = checkpointed_layers(a.num_layers, ck).astype(float)
 
     gemms = _llm_gemms(w, t, n_ckpt)
-    attn_fwd = mb * a.num_layers * 2.0 * w.seq_len**2 * a.hidden_size / sp_
-    attn_rec = mb * n_ckpt * 2.0 * w.seq_len**2 * a.hidden_size / sp_
+    # Under Ulysses each GPU attends the full sequence with heads / sp of the heads.
+    attn_fwd = mb * a.num_layers * causal_attention_flops(1, a.num_heads, w.seq_len, a.head_dim) / sp_
+    attn_rec = mb * n_ckpt * causal_attention_flops(1, a.num_heads, w.seq_len, a.head_dim) / sp_
 
     layer_b, outside_b = _llm_elementwise_bytes_per_token(w)
     elem_fwd = t * (a.num_layers * layer_b + outside_b)

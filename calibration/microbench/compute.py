@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from calibration.fitting import causal_attention_flops, gemm_flops
+from calibration.fitting import gemm_flops
+from models.flops import causal_attention_flops
 from calibration.microbench.common import BenchContext, BenchItem, time_per_call
 
 MAX_OPERAND_BYTES = 4 * 2**30  # skip shapes whose largest operand exceeds this
@@ -101,8 +102,8 @@ def bench_attention(ctx: BenchContext, c: AttentionCase) -> dict:
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     grad = torch.randn_like(out)
     t_bwd = time_per_call(ctx, lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
-    f_fwd = causal_attention_flops(c.batch, c.heads, c.seq_len, c.head_dim, backward=False)
-    f_bwd = causal_attention_flops(c.batch, c.heads, c.seq_len, c.head_dim, backward=True)
+    f_fwd = float(causal_attention_flops(c.batch, c.heads, c.seq_len, c.head_dim, backward=False))
+    f_bwd = float(causal_attention_flops(c.batch, c.heads, c.seq_len, c.head_dim, backward=True))
     return {"seq_len": c.seq_len, "heads": c.heads, "head_dim": c.head_dim, "batch": c.batch,
             "fwd_time_s": t_fwd, "bwd_time_s": t_bwd, "fwd_flops": f_fwd, "bwd_flops": f_bwd,
             "fwd_flop_per_s": f_fwd / t_fwd, "bwd_flop_per_s": f_bwd / t_bwd}

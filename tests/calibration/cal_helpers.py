@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from calibration.fitting import COLLECTIVE_OPS, bus_factor
 from calibration.rawlog import RawResult
+from models.flops import causal_attention_flops
 
 ALPHA_S = 30e-6
 BUS_BW = 200e9
@@ -34,11 +35,16 @@ def gpu_results(world=2, power_w=True) -> dict[str, RawResult]:
     for i, flops in enumerate([1e10, 1e11, 1e12, 1e13, 1e14]):
         rate = 700e12 * flops / (flops + 5e10)
         add(rr(f"gemm/{i}", "gemm", {"flops": flops, "flop_per_s": rate, "time_s": flops / rate}))
+    def attention(s, d, fwd_rate, bwd_rate, batch=1, heads=32):
+        fwd = causal_attention_flops(batch, heads, s, d)
+        bwd = causal_attention_flops(batch, heads, s, d, backward=True)
+        return {"seq_len": s, "head_dim": d, "batch": batch, "heads": heads, "fwd_flops": fwd, "bwd_flops": bwd,
+                "fwd_time_s": fwd / fwd_rate, "bwd_time_s": bwd / bwd_rate, "fwd_flop_per_s": fwd_rate,
+                "bwd_flop_per_s": bwd_rate}
+
     for s in (1024, 4096, 16384):
-        add(rr(f"attention/{s}", "attention", {"seq_len": s, "head_dim": 128, "fwd_flop_per_s": 4e14 + s * 1e10,
-                                               "bwd_flop_per_s": 3e14 + s * 1e10}))
-    add(rr("attention/d64", "attention", {"seq_len": 2048, "head_dim": 64, "fwd_flop_per_s": 1e12,
-                                          "bwd_flop_per_s": 1e12}))
+        add(rr(f"attention/{s}", "attention", attention(s, 128, 4e14 + s * 1e10, 3e14 + s * 1e10)))
+    add(rr("attention/d64", "attention", attention(2048, 64, 1e12, 1e12)))
     for n, bw in ((2**28, 4.0e12), (2**30, 4.3e12)):
         add(rr(f"hbm/{n}", "hbm", {"bytes": n, "bytes_per_s": bw}))
     for n in (2**20, 2**24, 2**28):

@@ -6,7 +6,6 @@ from calibration.fitting import (
     build_curve,
     bus_bandwidth,
     bus_factor,
-    causal_attention_flops,
     fit_alpha_beta,
 )
 from models.profile import Curve
@@ -108,9 +107,3 @@ def test_curve_drops_non_positive_points_and_rejects_empty():
         build_curve([], [])
     with pytest.raises(ValueError):
         build_curve([1.0, -1.0], [0.0, 1.0])
-
-
-def test_causal_attention_flops_count_half_the_scores():
-    full_fwd = 4 * 2 * 8 * 4096**2 * 128  # QK^T and PV, 2*b*h*s^2*d each
-    assert causal_attention_flops(2, 8, 4096, 128, backward=False) == pytest.approx(full_fwd / 2)
-    assert causal_attention_flops(2, 8, 4096, 128, backward=True) == pytest.approx(2.5 * full_fwd / 2)

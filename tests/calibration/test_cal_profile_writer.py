@@ -170,3 +170,15 @@ def test_only_collectives_with_a_reference_fills_the_rest():
     p = parse_profile(build(results, env(world=4, local=4), fill_from=ref))
     assert p.gpu.gemm_bf16.source.startswith("from profile 'reference'")
     assert p.intra_node.all_reduce.by_group_size[1].bus_bandwidth.value == pytest.approx(350e9, rel=1e-4)
+
+
+def test_the_profile_writer_counts_attention_as_the_cost_model_does(tmp_path):
+    """A raw file written with another count (2.5x, before 2026-11-30) gives rates in the model's count."""
+    from calibration.profile_writer import ProfileBuilder
+    from models.flops import causal_attention_flops
+
+    row = {"seq_len": 4096, "heads": 8, "head_dim": 128, "batch": 2, "fwd_time_s": 0.01, "bwd_time_s": 0.025,
+           "fwd_flops": 1.0, "bwd_flops": 2.5, "fwd_flop_per_s": 1.0, "bwd_flop_per_s": 999.0}
+    rates = ProfileBuilder.attention_rates([row])
+    assert rates[0]["bwd_flop_per_s"] == pytest.approx(
+        float(causal_attention_flops(2, 8, 4096, 128, backward=True)) / 0.025)

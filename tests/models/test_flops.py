@@ -137,3 +137,12 @@ def test_elementwise_bytes_scale_with_tokens_and_include_the_loss():
     np.testing.assert_allclose(work.elem_fwd_bytes[1], 2 * work.elem_fwd_bytes[0])
     # the fp32 loss on a 152k vocabulary moves 14 bytes per vocabulary entry per token forward
     assert float(work.elem_fwd_bytes[0]) > 8192 * 14 * a.vocab_size
+
+
+def test_causal_attention_flops_count_half_the_scores_and_backward_twice():
+    from models.flops import causal_attention_flops
+
+    full_fwd = 4 * 2 * 8 * 4096**2 * 128  # QK^T and PV, 2*b*h*s^2*d each
+    assert causal_attention_flops(2, 8, 4096, 128, backward=False) == pytest.approx(full_fwd / 2)
+    assert causal_attention_flops(2, 8, 4096, 128, backward=True) == pytest.approx(2.0 * full_fwd / 2)
+
