@@ -109,20 +109,23 @@ def workload_options(f):
         click.option("--image-size", type=click.IntRange(min=1), default=None, help="Image side in pixels (default: the model's)."),
         click.option("--freeze-vision/--train-vision", default=True, show_default=True,
                      help="Keep the vision encoder frozen, or train it too."),
+        click.option("--loss-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+                     help="The cross-entropy's dtype: fp32 casts the logits first, as Hugging Face does."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables."),
     ]):
         f = decorator(f)
     return f
 
 
-def _load(model, seq_text, profile, images, frames, image_size, freeze_vision):
+def _load(model, seq_text, profile, images, frames, image_size, freeze_vision, loss_dtype):
     from models.architecture import load_architecture
     from models.profile import load_profile
     from models.workload import Workload
 
     seq = parse_seq(seq_text)
     arch = load_architecture(model)
-    workload = Workload(arch, seq, images=images, frames=frames, image_size=image_size, train_vision=not freeze_vision)
+    workload = Workload(arch, seq, images=images, frames=frames, image_size=image_size, train_vision=not freeze_vision,
+                        loss_dtype=loss_dtype)
     return arch, workload, load_profile(profile)
 
 
@@ -154,9 +157,12 @@ def _global_batch(text, seq) -> int:
               help="Micro-steps per optimizer step (default: from the global batch).")
 @click.option("--overlap-comm/--no-overlap-comm", default=None,
               help="DeepSpeed's overlap_comm (default: on for ZeRO-3 only, as DeepSpeed).")
-def predict(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, as_json,
+@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads of each rank (OMP_NUM_THREADS; torchrun sets 1 for several ranks). Default: the "
+                   "profile's host cores / ranks on a node, what advisor's launch lines set.")
+def predict(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype, as_json,
             gpus, sp, checkpointing, ds_config_path, zero, offload_optimizer, offload_ratio, super_offload,
-            offload_param, micro_batch, grad_accum, overlap_comm):
+            offload_param, micro_batch, grad_accum, overlap_comm, threads):
     """Predict one optimizer step of one strategy: time, energy (GPU and CPU), memory."""
     from dataclasses import asdict
 
@@ -164,16 +170,21 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
     from advisor.strategy_flags import StrategyFlags, strategy_from_inputs
     from models.predict import predict as predict_one
 
-    arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision)
+    arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision, loss_dtype)
     settings = load_ds_config(ds_config_path, arch) if ds_config_path else DsSettings({}, None)
     for warning in settings.warnings:
         click.echo(f"warning: {warning}", err=True)
     flags = StrategyFlags(gpus=gpus, zero_stage=zero, offload_optimizer=offload_optimizer, offload_ratio=offload_ratio,
                           super_offload=super_offload, offload_param=offload_param, checkpointing=checkpointing,
-                          sp=sp, micro_batch=micro_batch, grad_accum=grad_accum, overlap_comm=overlap_comm)
+                          sp=sp, micro_batch=micro_batch, grad_accum=grad_accum, overlap_comm=overlap_comm,
+                          cpu_threads_per_rank=threads)
     strategy = strategy_from_inputs(flags, settings, arch, int(prof.gpus_per_node.value),
                                     _global_batch(global_batch_text, workload.seq_len))
     pred = predict_one(workload, strategy, prof)
+    from advisor.recommend import thread_warnings
+
+    for warning in thread_warnings(strategy, prof):
+        click.echo(warning, err=True)
     if as_json:
         out = pred.to_dict()
         out.setdefault("strategy", asdict(strategy))
@@ -204,13 +215,18 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               help="Sampler seed (default 0; random with --storage).")
 @click.option("--tokens", "tokens_text", default=DEFAULT_TOKENS, show_default=True,
               help="Tokens of the whole run (decimal: 1B = 1e9); run time and energy cover them.")
+@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads of each rank (OMP_NUM_THREADS); the launch line sets it. Default: the "
+                   "profile's host cores / ranks on a node.")
+@click.option("--memory-margin", "margin_text", default="5%", show_default=True,
+              help="Share of GPU memory every strategy must leave free, for the prediction's error.")
 @click.option("--out-ds-config", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the pick's DeepSpeed config here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the Pareto plot (PNG) here.")
-def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, as_json,
-              gpus_text, objective, slowdown_text, method, trials, storage, seed, tokens_text, out_ds_config,
-              plot_path):
+def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype,
+              as_json, gpus_text, objective, slowdown_text, method, trials, storage, seed, tokens_text, threads,
+              margin_text, out_ds_config, plot_path):
     """Search ZeRO stage, offload, checkpointing, sp and micro-batch; print the Pareto front,
     the pick, its DeepSpeed config and launch line."""
     from advisor.recommend import recommend_run
@@ -219,13 +235,16 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     if method == "exhaustive" and storage:
         raise InputError("--storage holds Optuna studies; --search exhaustive keeps nothing to resume")
     slowdown = parse_fraction(slowdown_text)
+    margin = parse_fraction(margin_text, "--memory-margin")
+    if margin >= 1:
+        raise InputError(f"bad --memory-margin '{margin_text}': must be under 100%")
     tokens = parse_count(tokens_text, "--tokens")
     if plot_path and not plot_path.lower().endswith(".png"):
         raise InputError(f"bad --plot '{plot_path}': the plot is a PNG, name it FILE.png")
     for option, path in (("--out-ds-config", out_ds_config), ("--plot", plot_path)):
         if path:
             writable_path(path, option)  # before the search, so its result is not lost
-    arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision)
+    arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision, loss_dtype)
     per_node = int(prof.gpus_per_node.value)
     gpu_range = parse_gpus(gpus_text or per_node)
     if gpu_range.fixed:
@@ -240,6 +259,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
         trials=trials or (DEFAULT_TRIALS if gpu_range.fixed else DEFAULT_TRIALS_GPU_RANGE),
         seed=(None if storage else 0) if seed is None else seed,
         out_ds_config=out_ds_config, plot_path=plot_path, as_json=as_json, notes=dropped,
+        cpu_threads_per_rank=threads or 0, memory_margin=margin,
     )
 
 

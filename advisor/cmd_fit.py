@@ -61,14 +61,14 @@ def _parameter_rows(model) -> list[dict]:
              "informed": f.informed} for f in model.parameters_.values()]
 
 
-def _format_parameters(rows: list[dict], fragmentation: float | None, host_process_gib: float | None) -> str:
+def _format_parameters(rows: list[dict], fragmentation: dict, host_process_gib: float | None) -> str:
     lines = [f"{'constant':<44}{'start':>11}{'fitted':>11}{'+-':>10}  note"]
     for r in rows:
         std = "-" if r["std"] is None else f"{r['std']:.3g}"
         note = f"fitted to {r['fitted_to']}" if r["informed"] else "kept: no run responds to it"
         lines.append(f"{r['name']:<44}{r['start']:>11.4g}{r['value']:>11.4g}{std:>10}  {note}")
-    if fragmentation is not None:
-        lines.append(f"{'memory.fragmentation':<44}{'':>11}{fragmentation:>11.4g}{'-':>10}  median reserved/allocated - 1")
+    for name, (value, count) in (fragmentation or {}).items():
+        lines.append(f"{name:<44}{'':>11}{value:>11.4g}{'-':>10}  median reserved/allocated - 1 ({count} runs)")
     if host_process_gib is not None:
         lines.append(f"{'memory.host_process_per_rank':<44}{'':>11}{host_process_gib:>11.4g}{'-':>10}  "
                      "median host GiB per rank, runs without offload")
@@ -133,7 +133,7 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, residual, res
         click.echo(json.dumps({
             "profile_out": str(out), "base_profile": base.describe(), "runs": _runs_summary(run_set),
             "prior_strength": strength, "cross_validation": {str(k): v for k, v in scores.items()},
-            "parameters": rows, "fragmentation": model.fragmentation_, "host_process_per_rank_gib": model.host_process_,
+            "parameters": rows, "fragmentation": {k: v for k, (v, _) in (model.fragmentation_ or {}).items()}, "host_process_per_rank_gib": model.host_process_,
             "leave_one_out": report.to_dict() if report else None,
             "residual": [vars(c) for c in checks] if checks is not None else None,
         }))

@@ -62,6 +62,10 @@ def _default_store() -> Path:
 @click.option("--frames", type=click.IntRange(min=0), default=0, help="Video frames per sample (vision models).")
 @click.option("--image-size", type=click.IntRange(min=1), default=None, help="Image side in pixels.")
 @click.option("--freeze-vision/--train-vision", default=True, show_default=True)
+@click.option("--loss-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="The built-in model's cross-entropy dtype (with --ds-config): fp32 casts the logits first.")
+@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(min=1), default=None,
+              help="OMP_NUM_THREADS of every rank (with --ds-config). Default: the run's cores / its ranks.")
 @click.option("--sweep", "sweep_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="JSONL of {model, seq, strategy | ds_config, images, frames, ...}, most valuable first.")
 @click.option("--profile", default=None, help="Hardware profile for the predictions (default: the shipped default).")
@@ -86,7 +90,8 @@ def _default_store() -> Path:
 @click.option("--prebuild/--no-prebuild", default=None,
               help="Compile DeepSpeed's CPUAdam/FusedAdam once before the runs (default: when a GPU is present).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, freeze_vision, sweep_path, profile,
+def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, freeze_vision, loss_dtype, threads,
+             sweep_path, profile,
              store_path, jsonl_path, workdir, warmup, steps, min_window_s, timeout_s, budget_s, parallel, retry,
              prebuild, as_json):
     """Run candidates for real, predict each first, store both, show predicted / measured (% error)."""
@@ -102,7 +107,8 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
             raise click.UsageError("--ds-config needs --model and --seq")
         config = json.loads(Path(ds_config_path).read_text())
         candidates = [candidate_from_ds_config(model, parse_seq(seq_text), config, gpus=gpus, images=images,
-                                               frames=frames, image_size=image_size, freeze_vision=freeze_vision)]
+                                               frames=frames, image_size=image_size, freeze_vision=freeze_vision,
+                                               loss_dtype=loss_dtype, cpu_threads_per_rank=threads or 0)]
     else:
         candidates = candidates_from_sweep(sweep_path)
     if profile is None:

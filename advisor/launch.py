@@ -18,20 +18,29 @@ class Launch:
     notes: list[str] = field(default_factory=list)
 
 
-def launch(strategy: Strategy, config_path: str = "ds_config.json", script: str = "train.py") -> Launch:
+def launch(strategy: Strategy, threads_per_rank: int, config_path: str = "ds_config.json",
+           script: str = "train.py") -> Launch:
+    """Lines that run `strategy` as predicted: with `threads_per_rank` CPU threads in every rank.
+    torchrun sets OMP_NUM_THREADS=1 when it starts several processes, and the DeepSpeed launcher sets
+    nothing (every rank then takes every core): either way CPU offload runs several times slower
+    than predicted, so the lines set the count."""
     s = strategy
     per_node = min(s.gpus, s.gpus_per_node)
     args = f"{script} --deepspeed --deepspeed_config {config_path}"
+    omp = f"OMP_NUM_THREADS={threads_per_rank}"
     if s.nodes == 1:
-        ds = f"deepspeed --num_gpus {per_node} {args}"
-        tr = f"torchrun --standalone --nproc_per_node {per_node} {args}"
+        ds = f"{omp} deepspeed --num_gpus {per_node} {args}"
+        tr = f"{omp} torchrun --standalone --nproc_per_node {per_node} {args}"
         hostfile = None
     else:
         ds = f"deepspeed --hostfile hostfile --num_nodes {s.nodes} --num_gpus {per_node} {args}"
-        tr = (f"torchrun --nnodes {s.nodes} --nproc_per_node {per_node} --rdzv_backend c10d "
+        tr = (f"{omp} torchrun --nnodes {s.nodes} --nproc_per_node {per_node} --rdzv_backend c10d "
               f"--rdzv_endpoint $MASTER_ADDR:29500 {args}")
         hostfile = "\n".join(f"node{i + 1} slots={per_node}" for i in range(s.nodes))
     notes = []
+    if s.nodes > 1:
+        notes.append(f"the deepspeed launcher passes no OMP_NUM_THREADS to other nodes: run "
+                     f"`echo {omp} >> .deepspeed_env` first (read on every node)")
     if s.sp > 1:
         notes.append(
             f"Ulysses sp={s.sp}: wrap the core attention in deepspeed.sequence.layer.DistributedAttention and pass "

@@ -16,19 +16,23 @@ from advisor.search import Problem, SearchResult, exhaustive_search, optuna_sear
 from advisor.space import build_space
 
 
-def make_problem(workload, profile, gpu_counts: list[int], global_batch: int, tokens: int) -> Problem:
+DEFAULT_MEMORY_MARGIN = 0.05  # GPU memory a pick leaves free: allocated memory was predicted within 7% on H200
+
+
+def make_problem(workload, profile, gpu_counts: list[int], global_batch: int, tokens: int,
+                 cpu_threads_per_rank: int = 0, memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Problem:
     """The search problem on the shipped cost model (`models.predict.predict_batch`)."""
     from models.predict import predict_batch
 
     arch = workload.arch
     space = build_space(arch, gpu_counts, int(profile.gpus_per_node.value), global_batch,
-                        run_sequences=max(1, tokens // workload.seq_len))
+                        run_sequences=max(1, tokens // workload.seq_len), cpu_threads_per_rank=cpu_threads_per_rank)
     digest = hashlib.sha1((repr(workload) + profile.to_json()).encode()).hexdigest()[:10]
     return Problem(
         space=space, arch=arch, seq_len=workload.seq_len, tokens=tokens,
         evaluate=lambda batch: predict_batch(workload, batch, profile),
         gpu_memory_gib=profile.gpu.memory_gib.value, host_memory_gib=profile.host.memory_gib.value,
-        key=f"{arch.name}-seq{workload.seq_len}-{profile.name}-{digest}",
+        key=f"{arch.name}-seq{workload.seq_len}-{profile.name}-{digest}", gpu_memory_margin=memory_margin,
     )
 
 
@@ -109,17 +113,43 @@ def _dump_json(config: dict):
     return write
 
 
-def recommend_run(*, arch, workload, profile, gpu_counts, global_batch, tokens, objective, max_slowdown, method,
-                  trials, storage, seed, out_ds_config, plot_path, as_json, notes=()) -> SearchResult:
-    from advisor.alternatives import alternatives
-    from models.ds_config import to_ds_config
-    from advisor.launch import launch
+def threads_of(strategy, profile) -> int:
+    """The CPU threads per rank a strategy runs with on `profile` (its own, else the launch default)."""
+    from models.strategy import StrategyBatch
+    from models.timing import cpu_threads
 
-    problem = make_problem(workload, profile, gpu_counts, global_batch, tokens)
+    return int(cpu_threads(StrategyBatch.from_strategies([strategy]), profile)[0])
+
+
+def thread_warnings(strategy, profile) -> list[str]:
+    """What would make CPU offload run far slower than predicted."""
+    threads, out = threads_of(strategy, profile), []
+    ranks = min(strategy.gpus, strategy.gpus_per_node)
+    if strategy.offload_optimizer == "cpu" and threads == 1:
+        out.append("warning: this strategy offloads to the CPU with one thread per rank: the CPU optimizer "
+                   "runs several times slower than with the node's cores shared out (--cpu-threads-per-rank)")
+    if threads * ranks > profile.host.cores.value:
+        out.append(f"warning: {ranks} ranks x {threads} threads exceed the {profile.host.cores.value:.0f} cores "
+                   "of a node: threads compete, and the prediction assumes a core each")
+    return out
+
+
+def recommend_run(*, arch, workload, profile, gpu_counts, global_batch, tokens, objective, max_slowdown, method,
+                  trials, storage, seed, out_ds_config, plot_path, as_json, notes=(),
+                  cpu_threads_per_rank: int = 0, memory_margin: float = DEFAULT_MEMORY_MARGIN) -> SearchResult:
+    from advisor.alternatives import alternatives
+    from advisor.launch import launch
+    from models.ds_config import to_ds_config
+
+    problem = make_problem(workload, profile, gpu_counts, global_batch, tokens, cpu_threads_per_rank, memory_margin)
     result = run_search(problem, method, trials, objective, max_slowdown, storage, seed)
     chosen = result.candidates.strategies[result.pick]
     config = to_ds_config(chosen, arch)
-    line = launch(chosen, config_path=out_ds_config or "ds_config.json")
+    line = launch(chosen, threads_of(chosen, profile), config_path=out_ds_config or "ds_config.json")
+    notes = list(notes) + thread_warnings(chosen, profile)
+    if memory_margin:
+        notes.append(f"every strategy shown leaves {memory_margin:.0%} of the GPU's {problem.gpu_memory_gib:.0f} GiB "
+                     "free (--memory-margin): the room for the prediction's error")
     gpus = f"{gpu_counts[0]}" if len(gpu_counts) == 1 else f"{gpu_counts[0]}-{gpu_counts[-1]}"
     header = (f"{arch.name}, {workload.seq_len} tokens, {gpus} GPUs; objective {objective} within "
               f"{max_slowdown:.0%} of the fastest; run of {tokens:.3g} tokens; {method}, "

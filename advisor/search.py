@@ -47,6 +47,11 @@ class Problem:
     gpu_memory_gib: float
     host_memory_gib: float
     key: str  # names the workload and profile, for study names
+    gpu_memory_margin: float = 0.0  # share of GPU memory a pick leaves free (the prediction's error)
+
+    @property
+    def usable_gpu_memory_gib(self) -> float:
+        return self.gpu_memory_gib * (1.0 - self.gpu_memory_margin)
 
 
 @dataclass
@@ -85,11 +90,13 @@ def run_steps(problem: Problem, global_batch: np.ndarray) -> np.ndarray:
 
 
 def constraint_values(problem: Problem, pred, static_count: np.ndarray) -> dict[str, np.ndarray]:
-    """Constraint values (<= 0 feasible): memory as a fraction over capacity, the number of
-    static refusals, and `other` for anything else the model refused. The model's own
-    `feasible` flag is the truth: feasible points get no positive value."""
-    feasible = np.asarray(pred.feasible, dtype=bool) & (static_count == 0)
-    gpu = np.asarray(pred.peak_gpu_mem_gib, dtype=float) / problem.gpu_memory_gib - 1.0
+    """Constraint values (<= 0 feasible): memory as a fraction over capacity (GPU memory less the
+    problem's margin), the number of static refusals, and `other` for anything else the model
+    refused. The model's own `feasible` flag and the margin are the truth: feasible points get no
+    positive value."""
+    peak = np.asarray(pred.peak_gpu_mem_gib, dtype=float)
+    feasible = np.asarray(pred.feasible, dtype=bool) & (static_count == 0) & (peak <= problem.usable_gpu_memory_gib)
+    gpu = peak / problem.usable_gpu_memory_gib - 1.0
     host = np.asarray(pred.peak_host_mem_gib, dtype=float) / problem.host_memory_gib - 1.0
     values = {"gpu_memory": gpu, "host_memory": host, "static": static_count.astype(float)}
     values = {k: np.where(feasible, np.minimum(np.nan_to_num(v, nan=0.0), 0.0), np.nan_to_num(v, nan=1.0))
@@ -159,7 +166,12 @@ def closest_miss(problem: Problem, cands: Candidates, searched: str) -> NothingF
     i = int(np.argmin(cands.violation))
     s = cands.strategies[i]
     pred, _ = _evaluate(problem, [s])
-    reasons = list(pred.reasons(0)) or problem.space.reasons(s, problem.arch) or ["refused by the cost model"]
+    reasons = list(pred.reasons(0)) or problem.space.reasons(s, problem.arch)
+    peak = float(np.asarray(pred.peak_gpu_mem_gib)[0])
+    if not reasons and peak > problem.usable_gpu_memory_gib:
+        reasons = [f"needs {peak:.1f} GiB of GPU memory, has {problem.gpu_memory_gib:.1f} of which "
+                   f"{problem.usable_gpu_memory_gib:.1f} may be used with a {problem.gpu_memory_margin:.0%} margin"]
+    reasons = reasons or ["refused by the cost model"]
     gpus = f"{s.gpus} GPU" + ("s" if s.gpus > 1 else "")
     return NothingFeasibleError(
         f"nothing feasible for {problem.arch.name} at {problem.seq_len} tokens on {gpus} ({searched}); "
@@ -180,8 +192,8 @@ def exhaustive_search(problem: Problem, objective: str = "energy", max_slowdown:
         part = StrategyBatch(**{k: v[sl] for k, v in vars(full).items()})
         pred, static = _evaluate(problem, None, part)
         cons = constraint_values(problem, pred, static)
-        parts.append(({m: np.asarray(getattr(pred, m), dtype=float) for m in METRICS},
-                      np.asarray(pred.feasible, dtype=bool), sum(np.maximum(v, 0) for v in cons.values())))
+        violation = sum(np.maximum(v, 0) for v in cons.values())
+        parts.append(({m: np.asarray(getattr(pred, m), dtype=float) for m in METRICS}, violation == 0, violation))
         if progress:
             progress(sl.stop, n)
     metrics = {m: np.concatenate([p[0][m] for p in parts]) for m in METRICS}

@@ -79,6 +79,7 @@ class Space:
     micro_batch: tuple[int, ...]
     overlap_comm: tuple[bool, ...]
     run_sequences: int | None = None
+    cpu_threads_per_rank: int = 0  # every strategy's (not searched: the launch line sets it)
 
     def choices(self) -> dict[str, tuple]:
         """Optuna parameter name -> choices; `gpus` only when the count is searched."""
@@ -113,6 +114,7 @@ class Space:
             micro_batch=params["micro_batch"],
             grad_accum=grad_accum,
             overlap_comm=params["overlap_comm"],
+            cpu_threads_per_rank=self.cpu_threads_per_rank,
             **offload_fields(offload),
             **checkpoint_fields(params["checkpointing"]),
         )
@@ -169,6 +171,7 @@ class Space:
         table = list(zip(*rows)) if rows else [()] * len(names)
         dtypes = {"offload_ratio": float, "super_offload": bool, "cpu_checkpointing": bool, "overlap_comm": bool}
         columns = {n: np.asarray(col, dtype=dtypes.get(n, np.int64)) for n, col in zip(names, table)}
+        columns["cpu_threads_per_rank"] = np.full(len(rows), self.cpu_threads_per_rank, dtype=np.int64)
         for f in fields(Strategy):  # bucket sizes: DeepSpeed's defaults, not searched
             if f.name not in columns:
                 columns[f.name] = np.full(len(rows), f.default, dtype=np.int64)
@@ -200,6 +203,7 @@ def build_space(
     overlap_comm: tuple[bool, ...] = (True, False),
     max_micro_batch: int = MAX_MICRO_BATCH,
     run_sequences: int | None = None,
+    cpu_threads_per_rank: int = 0,
 ) -> Space:
     """The default space for a model on a machine: sp divides heads, KV heads and some GPU
     count (within a node); micro-batches are powers of two up to the global batch."""
@@ -226,4 +230,5 @@ def build_space(
         micro_batch=tuple(micro),
         overlap_comm=tuple(overlap_comm),
         run_sequences=run_sequences,
+        cpu_threads_per_rank=cpu_threads_per_rank,
     )

@@ -31,6 +31,7 @@ class StrategyFlags:
     micro_batch: int | None = None
     grad_accum: int | None = None
     overlap_comm: bool | None = None
+    cpu_threads_per_rank: int | None = None
 
 
 def checkpointing_name(strategy: Strategy) -> str:
@@ -58,6 +59,8 @@ def flags_for(strategy: Strategy) -> list[str]:
     out += ["--offload-param", s.offload_param, "--checkpointing", checkpointing_name(s), "--sp", str(s.sp),
             "--micro-batch", str(s.micro_batch), "--grad-accum", str(s.grad_accum),
             "--overlap-comm" if s.overlap_comm else "--no-overlap-comm"]
+    if s.cpu_threads_per_rank:
+        out += ["--cpu-threads-per-rank", str(s.cpu_threads_per_rank)]
     return out
 
 

@@ -9,26 +9,26 @@ for the prediction), and optionally `images`, `frames`, `image_size`, `freeze_vi
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from runs.record import Candidate, RunRecord
 
 # What is compared: (name, the prediction's key, the measured RunResult field). Like with like, as
-# `advisor report` does: allocated GPU memory against torch's max_memory_allocated, and the peak
-# (allocations with fragmentation and reserve) against max_memory_reserved.
+# `advisor report` does: allocated GPU memory against torch's max_memory_allocated, the allocator's
+# reserved pool against max_memory_reserved.
 COMPARED = (
     ("step_time_s", "step_time_s", "step_time_s"),
     ("gpu_energy_j", "gpu_energy_j", "gpu_energy_j"),
     ("cpu_energy_j", "cpu_energy_j", "cpu_energy_j"),
     ("allocated_gpu_mem_gib", "allocated_gpu_mem_gib", "peak_gpu_mem_gib"),
-    ("reserved_gpu_mem_gib", "peak_gpu_mem_gib", "peak_gpu_reserved_gib"),
+    ("reserved_gpu_mem_gib", "reserved_gpu_mem_gib", "peak_gpu_reserved_gib"),
     ("peak_host_mem_gib", "peak_host_mem_gib", "peak_host_mem_gib"),
 )
 METRICS = tuple(name for name, _, _ in COMPARED)
 SWEEP_KEYS = {"model", "seq", "seq_len", "strategy", "ds_config", "images", "frames", "image_size",
-              "freeze_vision", "label", "gpus"}
+              "freeze_vision", "label", "gpus", "loss_dtype"}
 
 
 class SweepFileError(ValueError):
@@ -37,10 +37,10 @@ class SweepFileError(ValueError):
 
 def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: int | None = None, images: int = 0,
                              frames: int = 0, image_size: int | None = None, freeze_vision: bool = False,
-                             label: str = "") -> Candidate:
+                             label: str = "", loss_dtype: str = "fp32", cpu_threads_per_rank: int = 0) -> Candidate:
     """A candidate running `ds_config` as is, with the strategy it describes (for the prediction)."""
-    from models.ds_config import gpus_from_batch, parse_ds_config, strategy_from_ds_config
     from models.architecture import load_architecture
+    from models.ds_config import gpus_from_batch, parse_ds_config, strategy_from_ds_config
 
     arch = load_architecture(model)
     freeze_vision = freeze_vision and arch.vision is not None  # a text model has nothing to freeze
@@ -48,17 +48,19 @@ def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: in
     sp = settings.fields.get("sp", 1)
     gpus = gpus or gpus_from_batch(settings, sp) or sp
     strategy = strategy_from_ds_config(settings, gpus=gpus, gpus_per_node=gpus)
+    strategy = replace(strategy, cpu_threads_per_rank=cpu_threads_per_rank)
     return Candidate(model=model, seq_len=seq_len, ds_config=ds_config, gpus=gpus, sp=strategy.sp,
                      checkpoint_every=strategy.checkpoint_every, images=images, frames=frames,
                      image_size=image_size, freeze_vision=freeze_vision, strategy=asdict(strategy),
-                     label=label or strategy.label())
+                     label=label or strategy.label(), loss_dtype=loss_dtype)
 
 
 def candidate_from_strategy(model: str, seq_len: int, strategy: dict, images: int = 0, frames: int = 0,
-                            image_size: int | None = None, freeze_vision: bool = False, label: str = "") -> Candidate:
+                            image_size: int | None = None, freeze_vision: bool = False, label: str = "",
+                            loss_dtype: str = "fp32") -> Candidate:
     """A candidate for a Strategy, its DeepSpeed config written by models.ds_config."""
-    from models.ds_config import to_ds_config
     from models.architecture import load_architecture
+    from models.ds_config import to_ds_config
     from models.strategy import Strategy, static_reasons
 
     arch = load_architecture(model)
@@ -69,7 +71,8 @@ def candidate_from_strategy(model: str, seq_len: int, strategy: dict, images: in
         raise SweepFileError(f"{s.label()}: " + "; ".join(reasons))
     return Candidate(model=model, seq_len=seq_len, ds_config=to_ds_config(s, arch), gpus=s.gpus, sp=s.sp,
                      checkpoint_every=s.checkpoint_every, images=images, frames=frames, image_size=image_size,
-                     freeze_vision=freeze_vision, strategy=asdict(s), label=label or s.label())
+                     freeze_vision=freeze_vision, strategy=asdict(s), label=label or s.label(),
+                     loss_dtype=loss_dtype)
 
 
 def candidates_from_sweep(path: str | Path) -> list[Candidate]:
@@ -87,7 +90,7 @@ def candidates_from_sweep(path: str | Path) -> list[Candidate]:
             seq = spec.get("seq", spec.get("seq_len"))
             common = dict(images=spec.get("images", 0), frames=spec.get("frames", 0),
                           image_size=spec.get("image_size"), freeze_vision=spec.get("freeze_vision", False),
-                          label=spec.get("label", ""))
+                          label=spec.get("label", ""), loss_dtype=spec.get("loss_dtype", "fp32"))
             if seq is None:
                 raise SweepFileError("needs 'seq'")
             if "strategy" in spec:
@@ -122,7 +125,7 @@ def make_predictor(profile_name: str) -> Callable[[Candidate], tuple[dict | None
 
             profile = load_profile(profile_name)
             workload = Workload(load_architecture(c.model), c.seq_len, images=c.images, frames=c.frames,
-                                image_size=c.image_size, train_vision=not c.freeze_vision)
+                                image_size=c.image_size, train_vision=not c.freeze_vision, loss_dtype=c.loss_dtype)
             pred = predict_one(workload, Strategy(**c.strategy), profile)
         except Exception as exc:  # noqa: BLE001 - recorded in the run's notes
             return None, profile_name, [f"no prediction: {type(exc).__name__}: {exc}"]

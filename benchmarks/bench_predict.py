@@ -46,6 +46,7 @@ def random_batch(n: int, seed: int = 0) -> StrategyBatch:
         reduce_bucket_size=np.full(n, 500_000_000),
         allgather_bucket_size=np.full(n, 500_000_000),
         prefetch_bucket_size=np.full(n, 50_000_000),
+        cpu_threads_per_rank=np.zeros(n, dtype=int),
     )
 
 

@@ -166,6 +166,15 @@ class ProfileBuilder:
             adam_q = _q(a["params_per_s"], "params/s",
                         f"{'measured' if not self.cpu else 'measured on the CPU path'}: {a['optimizer']} step of "
                         f"{a['params']} fp32 params on {a['threads']} threads, median ({a['why']})")
+        by_threads = [r for r in self.family("cpu_adam_threads") if r.get("ran", True)]
+        threads_curve = None
+        if len(by_threads) >= 2:
+            a = by_threads[0]
+            threads_curve = self._curve(
+                by_threads, "threads", "params_per_s", "threads", "params/s",
+                f"{'measured' if not self.cpu else 'measured on the CPU path'}: {a['optimizer']} step of "
+                f"{a['params']} fp32 params in one process on {_span([r['threads'] for r in by_threads], '')} "
+                f"threads, median")
         mem_q = None
         if mem:
             m = mem[0]
@@ -180,6 +189,7 @@ class ProfileBuilder:
             "h2d": link_curve("h2d"),
             "d2h": link_curve("d2h"),
             "cpu_adam": adam_q,
+            **({"cpu_adam_threads": threads_curve} if threads_curve else {}),  # optional: older calibrations lack it
         }
 
     def collective(self, op: str, scope: str, size: int, label: str) -> dict | None:

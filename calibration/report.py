@@ -23,7 +23,7 @@ def one_line(family: str, data: dict) -> str:
         return _rate(data["bytes_per_s"], "B/s")
     if family == "hostlink_both":
         return f"H2D {_rate(data['h2d_bytes_per_s'], 'B/s')}, D2H {_rate(data['d2h_bytes_per_s'], 'B/s')}"
-    if family == "cpu_adam":
+    if family in ("cpu_adam", "cpu_adam_threads"):
         return f"{_rate(data['params_per_s'], 'params/s')} ({data['optimizer']})"
     if family == "collective":
         return f"{data['time_s'] * 1e6:.0f} us, bus {_rate(data['busbw_bytes_per_s'], 'B/s')}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from models.profile import load_profile, parse_profile
@@ -24,10 +23,9 @@ TRANSFERRED = tuple(f"overheads.{name}" for name in (
 def transferred_profile(source: str | Path, target: str | Path) -> dict:
     """`target` with the overhead terms in TRANSFERRED taken from the fitted profile `source`."""
     fitted = load_profile(str(source))
-    if fitted.provenance.kind != "fitted":
+    if fitted.fit is None:
         raise ValueError(f"{source} is {fitted.provenance.kind}, not fitted: nothing learnt from real runs to transfer")
-    runs = re.search(r"to (\d+) measured runs", fitted.provenance.notes)
-    what = (f"transferred from the {fitted.name} profile's fit to {runs.group(1) if runs else 'its'} real DeepSpeed "
+    what = (f"transferred from the {fitted.name} profile's fit to {len(fitted.fit.run_ids)} real DeepSpeed "
             f"{fitted.provenance.deepspeed} runs on {fitted.provenance.gpu} with {fitted.provenance.host_cpu} "
             f"({fitted.provenance.date}): DeepSpeed's host-side cost and a process's own host memory, assumed "
             "similar here; not measured on this machine")

@@ -16,7 +16,6 @@ refits without each run in turn: that error, not the training error, is the numb
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,7 +24,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from models.predict import predict_batch
-from models.profile import HardwareProfile
+from models.profile import FitRecord, HardwareProfile
 from models.strategy import Strategy, StrategyBatch
 from models.workload import Workload
 
@@ -325,11 +324,17 @@ class ProfileFit:
                 for j, p in enumerate(stage)}
 
     @staticmethod
-    def _fragmentation(runs: list[MeasuredRun]) -> float | None:
-        """Caching-allocator overhead: median of reserved / allocated - 1 over runs that measured both."""
-        ratios = [r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib for r in runs
-                  if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0]
-        return float(np.clip(np.median(ratios) - 1.0, 0.0, 0.5)) if ratios else None
+    def _fragmentation(runs: list[MeasuredRun]) -> dict[str, tuple[float, int]]:
+        """Caching-allocator overhead, median of reserved / allocated - 1 over runs that measured
+        both, apart for steps without and with checkpointing: {profile path: (value, runs)}."""
+        out = {}
+        for name, checkpointed in (("memory.fragmentation", False), ("memory.fragmentation_checkpointed", True)):
+            ratios = [r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib for r in runs
+                      if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0
+                      and (r.strategy.checkpoint_every > 0) == checkpointed]
+            if ratios:
+                out[name] = (float(np.clip(np.median(ratios) - 1.0, 0.0, 1.0)), len(ratios))
+        return out
 
     @staticmethod
     def _host_process_runs(runs: list[MeasuredRun]) -> list[MeasuredRun]:
@@ -343,6 +348,7 @@ class ProfileFit:
         return float(np.median(per_rank)) if per_rank else None
 
     def _fitted_profile(self, base: HardwareProfile, runs: list[MeasuredRun]) -> HardwareProfile:
+        original = base
         date = datetime.now(timezone.utc).date().isoformat()
         n = len(runs)
         values, sources, how = {}, {}, {}
@@ -351,35 +357,35 @@ class ProfileFit:
                 spread = f" +- {f.std:.3g}" if f.std is not None else ""
                 values[f.name] = f.value
                 how[f.name] = f"{f.value:.4g}{spread} by least squares to {f.kind} of {n} measured runs"
-        if self.fragmentation_ is not None:
-            n_res = sum(1 for r in runs if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib)
-            values["memory.fragmentation"] = self.fragmentation_
-            how["memory.fragmentation"] = (f"{self.fragmentation_:.4g}, median over {n_res} measured runs of torch "
-                                           "max_memory_reserved / max_memory_allocated - 1")
+        for name, (value, count) in (self.fragmentation_ or {}).items():
+            kind = "checkpointed" if name.endswith("checkpointed") else "non-checkpointed"
+            values[name] = value
+            how[name] = (f"{value:.4g}, median over {count} {kind} measured runs of torch max_memory_reserved / "
+                         "max_memory_allocated - 1")
+        if base.memory.fragmentation_checkpointed is None and "memory.fragmentation_checkpointed" in values:
+            base = base.model_copy(update={"memory": base.memory.model_copy(update={
+                "fragmentation_checkpointed": base.memory.fragmentation})})  # a node to hold the fitted value
         if self.host_process_ is not None:
             values["memory.host_process_per_rank"] = self.host_process_
             how["memory.host_process_per_rank"] = (
                 f"{self.host_process_:.4g}, median per rank over {len(self._host_process_runs(runs))} measured runs "
                 "without offload of peak resident host memory")
-        for name, text in how.items():  # the pre-fit value and source stay readable: see prefit_profile
-            old = getattr_path(base, name)
-            sources[name] = f"fitted: {text} (advisor fit, {date}){_BEFORE}{old.value!r} from: {old.source}"
+        prefit = {name: getattr_path(original, name) for name in how}
+        for name, text in how.items():
+            sources[name] = f"fitted: {text} (advisor fit, {date})"
         profile = with_values(base, values, sources)
         kept = sorted(f.name for f in self.parameters_.values() if not f.informed)
-        ids = ", ".join(r.run_id or "?" for r in runs)
-        p = base.provenance
-        notes = (f"Fitted by advisor fit on {date} from profile '{base.name}' ({p.kind}, {p.date}) to {n} measured "
-                 f"runs{' from ' + self.data_note if self.data_note else ''} (ids: {ids}). Time constants are fitted "
-                 "to step time, GPU power per phase to GPU energy (bounded log-ratio least squares, soft-L1 loss, "
-                 f"prior towards the starting values of strength {self.prior_strength:g}). "
+        p = original.provenance
+        notes = (f"Fitted by advisor fit on {date} from profile '{original.name}' ({p.kind}, {p.date}) to {n} measured "
+                 f"runs{' from ' + self.data_note if self.data_note else ''} (their ids: fit.run_ids). Time constants "
+                 "are fitted to step time, GPU power per phase to GPU energy (bounded log-ratio least squares, soft-L1 "
+                 f"loss, prior towards the starting values of strength {self.prior_strength:g}). "
                  + (f"Not informed by these runs, kept: {', '.join(kept)}. " if kept else "")
-                 + f"{_NOTES_BEFORE}{p.notes}")
+                 + "The values before the fit: fit.prefit.")
         provenance = p.model_copy(update={"kind": "fitted", "date": date, "notes": notes})
-        return HardwareProfile.model_validate(profile.model_copy(update={"provenance": provenance}).model_dump())
-
-
-_BEFORE = "; before: "
-_NOTES_BEFORE = "Before the fit: "
+        record = FitRecord(date=date, run_ids=[r.run_id or "?" for r in runs], prefit=prefit, prefit_provenance=p)
+        return HardwareProfile.model_validate(
+            profile.model_copy(update={"provenance": provenance, "fit": record}).model_dump())
 
 
 def prefit_profile(profile: HardwareProfile) -> HardwareProfile:
@@ -388,38 +394,22 @@ def prefit_profile(profile: HardwareProfile) -> HardwareProfile:
     Fitting starts from here, so refitting a fitted profile never stacks one fit on another,
     and a leave-one-out from a shipped fitted profile does not start from values its held-out
     runs helped to make."""
-    if profile.provenance.kind != "fitted":
+    if profile.fit is None:
         return profile
-    values, sources = {}, {}
-    for name, source in _sources(profile.model_dump()):
-        found = re.match(rf"fitted: .*?{_BEFORE}(\S+) from: (.*)$", source, re.DOTALL)
-        if found:
-            values[name], sources[name] = float(found.group(1)), found.group(2)
-    notes = profile.provenance.notes
-    origin = re.search(r"from profile '[^']*' \((\w+), ([^)]*)\)", notes)
-    if origin is None or _NOTES_BEFORE not in notes:
-        return with_values(profile, values, sources, validate=True)
-    provenance = profile.provenance.model_copy(update={
-        "kind": origin.group(1), "date": origin.group(2), "notes": notes.split(_NOTES_BEFORE, 1)[1]})
-    return with_values(profile.model_copy(update={"provenance": provenance}), values, sources, validate=True)
-
-
-def _sources(node: dict, prefix: str = ""):
-    """(dotted name, source) of every Quantity in a profile's dump."""
-    if {"value", "unit", "source"} <= node.keys():
-        yield prefix[:-1], node["source"]
-        return
-    for key, child in node.items():
-        if isinstance(child, dict):
-            yield from _sources(child, f"{prefix}{key}.")
+    data = profile.model_dump()
+    for name, quantity in profile.fit.prefit.items():
+        *path, last = name.split(".")
+        node = data
+        for key in path:
+            node = node[key]
+        node[last] = None if quantity is None else quantity.model_dump()
+    data.update(provenance=profile.fit.prefit_provenance.model_dump(), fit=None)
+    return HardwareProfile.model_validate(data)
 
 
 def fitted_run_ids(profile: HardwareProfile) -> set[str]:
-    """The ids of the runs a fitted profile was fitted to (its latest fit), from its notes."""
-    if profile.provenance.kind != "fitted":
-        return set()
-    found = re.search(r"\(ids: ([^)]*)\)", profile.provenance.notes)
-    return set(found.group(1).split(", ")) - {"?"} if found else set()
+    """The ids of the runs a fitted profile was fitted to (its latest fit)."""
+    return set(profile.fit.run_ids) - {"?"} if profile.fit else set()
 
 
 def _probe(stage: list[FitParameter], x0: np.ndarray, profile_at: Callable, residuals: Callable) -> np.ndarray:

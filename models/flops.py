@@ -36,8 +36,6 @@ import numpy as np
 from models.workload import Workload
 
 BF16 = 2  # bytes per element
-LOSS_FWD_BYTES_PER_VOCAB = 14.0  # per token: cast bf16 -> fp32 (2 + 4), log-softmax (4 + 4)
-LOSS_BWD_BYTES_PER_VOCAB = 22.0  # per token: gradient written (4), log-softmax backward (12), cast back (6)
 
 
 # Causal attention's backward counted as this many times its forward (model FLOPs: dQ, dK, dV;
@@ -147,17 +145,29 @@ def _llm_elementwise_bytes_per_token(w: Workload) -> tuple[float, float]:
 
     Per layer: two RMSNorms (read h, write h), RoPE on q and k (read and write h + kv),
     SwiGLU (read gate and up, write f), two residual adds (read 2h, write h).
-    Outside: embedding lookup and final norm (4h each) and the loss on the logits: cast
-    bf16 -> fp32 (2V + 4V) and log-softmax (read and write 4V) = 14V.
+    Outside: embedding lookup and final norm (4h each) and the loss on the logits
+    (`loss_bytes_per_vocab`).
     Backward moves about twice the forward's bytes (saved input + incoming gradient in,
-    gradient out); the loss backward is 22V (gradient 4V written, log-softmax backward
-    12V, cast back to bf16 6V).
+    gradient out).
     """
     a = w.arch
     h, kv, f, v = a.hidden_size, a.kv_dim, a.intermediate_size, a.vocab_size
     layer = BF16 * (2 * 2 * h + 2 * (h + kv) + 3 * f + 2 * 3 * h)
-    outside_fwd = BF16 * 2 * 2 * h + LOSS_FWD_BYTES_PER_VOCAB * v
+    outside_fwd = BF16 * 2 * 2 * h + loss_bytes_per_vocab(w)[0] * v
     return float(layer), float(outside_fwd)
+
+
+def loss_bytes_per_vocab(w: Workload) -> tuple[float, float]:
+    """(forward, backward) memory traffic of the cross-entropy per token and vocabulary entry.
+
+    In fp32 (logits cast first): forward casts bf16 -> fp32 (2 + 4) and runs the log-softmax (read
+    and write 4) = 14; backward writes the gradient (4), runs the log-softmax backward (read 8,
+    write 4) and casts back to bf16 (read 4, write 2) = 22. In bf16 there is no cast: forward 2 + 2
+    = 4, backward 2 + (4 + 2) = 8."""
+    d = float(w.loss_bytes)
+    if w.loss_dtype == "bf16":
+        return 2 * d, 4 * d
+    return BF16 + d + 2 * d, d + 3 * d + d + BF16
 
 
 
@@ -179,8 +189,8 @@ def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every) -> MicroStep
     layer_b, outside_b = _llm_elementwise_bytes_per_token(w)
     elem_fwd = t * (a.num_layers * layer_b + outside_b)
     v_ = a.vocab_size
-    elem_bwd = t * (2.0 * (a.num_layers * layer_b + outside_b - LOSS_FWD_BYTES_PER_VOCAB * v_)
-                    + LOSS_BWD_BYTES_PER_VOCAB * v_)
+    loss_fwd, loss_bwd = loss_bytes_per_vocab(w)
+    elem_bwd = t * (2.0 * (a.num_layers * layer_b + outside_b - loss_fwd * v_) + loss_bwd * v_)
     elem_rec = t * n_ckpt * layer_b
 
     zeros = np.zeros_like(t)

@@ -31,8 +31,10 @@ offload "gathering" only makes views of the partitions, so it costs nothing.
 
 The moments (`estimate`), each a sum of what is alive together:
 - loss: end of forward and the loss backward. Saved activations of every layer, and the
-  cross-entropy: the harness computes it on bf16 logits, so its backward holds the saved
-  log-softmax, the incoming gradient and the log-softmax gradient, 3 bf16 tensors of tokens x vocab.
+  cross-entropy in the workload's loss dtype: its backward holds the saved log-softmax, the
+  incoming gradient and the log-softmax gradient, 3 tensors of tokens x vocab (fp32 when the
+  logits are cast first, as Hugging Face does: 12 bytes per entry; bf16: 6). The forward's
+  moment is smaller (bf16 logits, their fp32 copy, the log-softmax: 10 bytes).
 - head: the first gradient hook, after the LM head's backward: activations still saved, the
   ZeRO-1/2 buckets just allocated, the LM head's gradient (a tied embedding keeps it to the end).
 - layer: the last decoder layer's backward: its recomputed activations (checkpointing) and the
@@ -67,9 +69,9 @@ MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters default (eleme
 NORM_CHUNK_ELEMENTS = 250_000_000  # ZeRO-3's _constant_buffered_norm2 casts to fp64 in chunks this long
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam momentum + variance
 FP32_GRAD_BYTES_PER_PARAM = 4
-# Cross-entropy on bf16 logits: in its backward the saved log-softmax output, the gradient coming
-# from nll_loss and the log-softmax gradient are alive together (3 x 2 bytes per vocabulary entry).
-LOSS_BYTES_PER_VOCAB = 3 * BF16
+# Cross-entropy: in its backward the saved log-softmax output, the gradient coming from nll_loss
+# and the log-softmax gradient are alive together, in the loss dtype (Workload.loss_bytes).
+LOSS_TENSORS = 3
 # The harness's RMSNorm saves, per hidden element, two fp32 copies of its input (one squared for
 # the variance, one scaled: 4 + 4 bytes), the bf16 normalised value (2) and its output (2).
 RMSNORM_BYTES_PER_ELEMENT = 2 * FP32 + 2 * BF16
@@ -104,7 +106,8 @@ class MemoryEstimate:
     activations_gpu_bytes: np.ndarray  # activations and loss buffers at the loss (the forward's peak)
     phase_gpu_bytes: dict[str, np.ndarray]  # what is allocated at each moment of `PHASES`
     allocated_gpu_bytes: np.ndarray  # the largest of them: what torch.cuda.max_memory_allocated would show
-    peak_gpu_bytes: np.ndarray  # allocated x (1 + fragmentation) + framework reserve
+    reserved_gpu_bytes: np.ndarray  # allocated x (1 + fragmentation): torch.cuda.max_memory_reserved
+    peak_gpu_bytes: np.ndarray  # reserved + memory outside torch's pool: what must fit on the GPU
     host_bytes_per_rank: np.ndarray
     host_bytes_per_node: np.ndarray
     offload_fraction: np.ndarray
@@ -266,7 +269,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     vision, vision_host = _vision_saved(workload, work, cpu_ck)
     kept = layer_stack + vision
     final_norm = t * final_norm_bytes_per_token(workload)
-    loss = t * LOSS_BYTES_PER_VOCAB * vocab
+    loss = t * LOSS_TENSORS * workload.loss_bytes * vocab
     recompute = np.where(n_ck > 0, t * full, 0.0)
     workspace = t * BF16 * 3 * f  # MLP backward: product's gradient, then silu(gate)'s and up's
     head = BF16 * float(vocab * h)  # the LM head's gradient
@@ -306,15 +309,16 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
         "step": states.gpu_bytes + buffers + states.grad_gpu_bytes + states.step_gpu_bytes,
     }
     allocated = np.maximum.reduce([phases[name] for name in PHASES])
-    frag = profile.memory.fragmentation.value
-    reserve = profile.memory.framework_reserved.value * GIB
-    peak = allocated * (1.0 + frag) + reserve
+    mem = profile.memory
+    frag_ckpt = (mem.fragmentation_checkpointed or mem.fragmentation).value
+    reserved = allocated * (1.0 + np.where(n_ck > 0, frag_ckpt, mem.fragmentation.value))
+    peak = reserved + mem.framework_reserved.value * GIB
     ckpt_host = np.where(cpu_ck, t * n_ck * ckpt, 0.0) + vision_host
     host_rank = states.host_bytes_per_rank + ckpt_host + profile.memory.host_process_per_rank.value * GIB
     ranks_per_node = np.minimum(b.gpus, b.gpus_per_node)
     return MemoryEstimate(
         model_states_gpu_bytes=states.gpu_bytes, buffers_gpu_bytes=buffers,
         activations_gpu_bytes=kept + final_norm + loss, phase_gpu_bytes=phases,
-        allocated_gpu_bytes=allocated, peak_gpu_bytes=peak, host_bytes_per_rank=host_rank,
+        allocated_gpu_bytes=allocated, reserved_gpu_bytes=reserved, peak_gpu_bytes=peak, host_bytes_per_rank=host_rank,
         host_bytes_per_node=host_rank * ranks_per_node, offload_fraction=states.offload_fraction,
     )

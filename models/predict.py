@@ -42,7 +42,7 @@ class Prediction:
     gpu_energy_j: float
     cpu_energy_j: float
     energy_j: float
-    peak_gpu_mem_gib: float  # what must fit: allocations x (1 + fragmentation) + framework reserve
+    peak_gpu_mem_gib: float  # what must fit: the allocator's reserved pool + memory outside it (CUDA, NCCL)
     peak_host_mem_gib: float  # per node
     tokens_per_s: float
     feasible: bool
@@ -53,6 +53,7 @@ class Prediction:
     strategy: Strategy | None  # None only for a batch row whose offload code names no device
     cpu_energy_in_gpu_energy: bool = False
     allocated_gpu_mem_gib: float = 0.0  # comparable to torch.cuda.max_memory_allocated
+    reserved_gpu_mem_gib: float = 0.0  # comparable to torch.cuda.max_memory_reserved
 
     def to_dict(self) -> dict:
         """The JSON of `advisor predict --json`."""
@@ -65,6 +66,7 @@ class Prediction:
             "peak_gpu_mem_gib": self.peak_gpu_mem_gib,
             "peak_host_mem_gib": self.peak_host_mem_gib,
             "allocated_gpu_mem_gib": self.allocated_gpu_mem_gib,
+            "reserved_gpu_mem_gib": self.reserved_gpu_mem_gib,
             "tokens_per_s": self.tokens_per_s,
             "feasible": self.feasible,
             "reasons": list(self.reasons),
@@ -93,6 +95,7 @@ class BatchPrediction:
     peak_gpu_mem_gib: np.ndarray
     peak_host_mem_gib: np.ndarray
     allocated_gpu_mem_gib: np.ndarray
+    reserved_gpu_mem_gib: np.ndarray
     tokens_per_s: np.ndarray
     feasible: np.ndarray
     phase_time_s: dict[str, np.ndarray]
@@ -149,6 +152,7 @@ class BatchPrediction:
             strategy=strategy,
             cpu_energy_in_gpu_energy=self.cpu_energy_in_gpu_energy,
             allocated_gpu_mem_gib=float(self.allocated_gpu_mem_gib[i]),
+            reserved_gpu_mem_gib=float(self.reserved_gpu_mem_gib[i]),
         )
 
 
@@ -188,6 +192,7 @@ def static_mask(b: StrategyBatch, arch: Architecture) -> np.ndarray:
         | (b.super_offload & ((stage != 3) | ~opt_cpu))
         | (b.cpu_checkpointing & (b.checkpoint_every == 0))
         | (b.checkpoint_every < 0) | (b.checkpoint_every > arch.num_layers)
+        | (b.cpu_threads_per_rank < 0)
     )
     return bad
 
@@ -236,6 +241,7 @@ def predict_batch(workload: Workload, batch: StrategyBatch, profile: HardwarePro
         peak_gpu_mem_gib=peak_gpu,
         peak_host_mem_gib=peak_host,
         allocated_gpu_mem_gib=mem.allocated_gpu_bytes / GIB,
+        reserved_gpu_mem_gib=mem.reserved_gpu_bytes / GIB,
         tokens_per_s=tokens_per_s,
         feasible=feasible,
         phase_time_s=tm.phase_time_s,

@@ -92,6 +92,7 @@ def _curve_units(x_unit: str, y_unit: str):
 
 
 FlopRateCurve = Annotated[Curve, _curve_units("flop", "flop/s")]
+ThreadRateCurve = Annotated[Curve, _curve_units("threads", "params/s")]
 SeqRateCurve = Annotated[Curve, _curve_units("tokens", "flop/s")]
 BandwidthCurve = Annotated[Curve, _curve_units("bytes", "bytes/s")]
 
@@ -134,6 +135,24 @@ class HostSpec(_Strict):
     d2h: BandwidthCurve
     # DeepSpeedCPUAdam throughput using all the host's cores (shared by the node's ranks).
     cpu_adam: ParamsPerSecond
+    # One process's DeepSpeedCPUAdam throughput against its thread count (1, 2, 4, ... all cores);
+    # None in profiles calibrated before it was measured (see cpu_adam_per_rank).
+    cpu_adam_threads: ThreadRateCurve | None = None
+
+    def default_threads_per_rank(self, ranks_per_node) -> np.ndarray:
+        """What the advisor's launch lines set: the cores shared evenly by the node's ranks."""
+        return np.maximum(1, self.cores.value // np.maximum(np.asarray(ranks_per_node), 1))
+
+    def cpu_adam_per_rank(self, threads, gpus_per_node) -> np.ndarray:
+        """Params/s of one rank's CPU optimizer on `threads` threads, from the measured curve. Without
+        one: the all-core rate's share per thread, up to one GPU's share of the node's cores and no
+        further (memory bandwidth, and on GH200 the GPU's own Grace, bound it). A thread is assumed
+        to have a core of its own: more threads than cores on a node are not modelled (the CLI warns)."""
+        threads = np.maximum(np.asarray(threads, dtype=float), 1.0)
+        if self.cpu_adam_threads is not None:
+            return self.cpu_adam_threads(threads)
+        share = self.cores.value / max(float(gpus_per_node), 1.0)
+        return self.cpu_adam.value * np.minimum(threads, share) / self.cores.value
 
 
 class CollectiveAtSize(_Strict):
@@ -248,13 +267,29 @@ class Overheads(_Strict):
 
 
 class MemorySpec(_Strict):
-    """`host_process_per_rank` is each training process's host memory before any offload
-    (the CUDA context, PyTorch, DeepSpeed, the data): about 1.8 GiB on H200 hosts."""
+    """GPU memory beyond what tensors allocate. torch's caching allocator reserves more than the
+    peak allocation: `fragmentation` is that excess as a share of it, and `fragmentation_checkpointed`
+    the same for checkpointed steps, whose recomputation allocates and frees a layer's activations at
+    a time (on H200 their reserved pool was 34% above the peak allocation at the median, 15% without:
+    70 runs); None takes `fragmentation`. `framework_reserved` is device memory outside torch's pool
+    (CUDA context, NCCL, cuBLAS). `host_process_per_rank` is each training process's host memory
+    before any offload (the CUDA context, PyTorch, DeepSpeed, the data): about 1.8 GiB on H200 hosts."""
 
     framework_reserved: GiB
     fragmentation: Fraction
+    fragmentation_checkpointed: Fraction | None = None
     host_process_per_rank: GiB = Quantity(
         value=0.0, unit="GiB", source="not measured: fitted from real runs' host memory (neutral value)")
+
+
+class FitRecord(_Strict):
+    """What `advisor fit` changed: every constant as it was before the fit, the provenance before
+    it, and the runs it was fitted to. Refitting starts from `prefit`, so fits never stack."""
+
+    date: str
+    run_ids: list[str]
+    prefit: dict[str, Quantity | None]  # dotted path -> the constant before the fit (None: absent)
+    prefit_provenance: Provenance
 
 
 class HardwareProfile(_Strict):
@@ -270,6 +305,7 @@ class HardwareProfile(_Strict):
     power: Power
     overheads: Overheads
     memory: MemorySpec
+    fit: FitRecord | None = None  # set by advisor fit (provenance kind "fitted")
 
     @model_validator(mode="before")
     @classmethod
@@ -285,7 +321,7 @@ class HardwareProfile(_Strict):
         """Rates, bandwidths, capacities, powers and counts are positive; times, slowdowns and
         efficiencies are not negative (a zero time is a cost that is absent); shares lie in [0, 1];
         each GPU phase draws between idle and the cap, the CPU optimizer at least the CPU's idle."""
-        for name, q in _quantities(self.model_dump()):
+        for name, q in _quantities(self.model_dump(exclude={"fit"})):
             if not np.isfinite(q["value"]):
                 raise ValueError(f"{name}: must be a finite number, got {q['value']}")
             zero_is_absent = q["unit"] in ("s", "fraction") or name in _MAY_BE_ZERO
@@ -294,7 +330,7 @@ class HardwareProfile(_Strict):
                 raise ValueError(f"{name}: must be {what} ({q['unit']}), got {q['value']}")
         for name in _SHARES:
             value = _value_at(self, name)
-            if value > 1:
+            if value is not None and value > 1:
                 raise ValueError(f"{name}: a share, must lie in [0, 1], got {value}")
         idle, cap = self.power.gpu.idle.value, self.gpu.power_cap.value
         if idle > cap:
@@ -330,7 +366,7 @@ class HardwareProfile(_Strict):
 _MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank"}
 # Fractions that are shares of a whole (the slowdowns and efficiencies may exceed 1: a collective
 # beside compute was measured 87-90% slower on H200).
-_SHARES = ("memory.fragmentation",)
+_SHARES = ("memory.fragmentation", "memory.fragmentation_checkpointed")
 
 
 def _quantities(node: dict, prefix: str = ""):
@@ -346,11 +382,11 @@ def _quantities(node: dict, prefix: str = ""):
                 yield from _quantities(item, where)
 
 
-def _value_at(profile: "HardwareProfile", name: str) -> float:
+def _value_at(profile: "HardwareProfile", name: str) -> float | None:
     node = profile
     for key in name.split("."):
         node = getattr(node, key)
-    return float(node.value)
+    return None if node is None else float(node.value)
 
 
 def parse_profile(data: dict, origin: str = "<dict>") -> HardwareProfile:

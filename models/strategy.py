@@ -36,6 +36,9 @@ class Strategy:
     reduce_bucket_size: int = 500_000_000
     allgather_bucket_size: int = 500_000_000
     prefetch_bucket_size: int = 50_000_000
+    # CPU threads each rank's process uses (OMP_NUM_THREADS): the CPU optimizer and DeepSpeed's host
+    # work run on them. 0 is what the advisor's launch lines set: the host's cores / ranks on a node.
+    cpu_threads_per_rank: int = 0
 
     @property
     def dp(self) -> int:
@@ -79,6 +82,8 @@ class Strategy:
                 parts.append(f"{short}{getattr(self, name):.0e}".replace("e+0", "e"))
         if self.nodes > 1:
             parts.append(f"{self.gpus_per_node}/node")
+        if self.cpu_threads_per_rank:
+            parts.append(f"{self.cpu_threads_per_rank}thr")
         return " ".join(parts)
 
 
@@ -114,6 +119,8 @@ def static_reasons(strategy: Strategy, arch: Architecture) -> list[str]:
         reasons.append("SuperOffload needs ZeRO-3 with optimizer offload to the CPU")
     if s.cpu_checkpointing and s.checkpoint_every == 0:
         reasons.append("CPU checkpointing needs activation checkpointing")
+    if s.cpu_threads_per_rank < 0:
+        reasons.append(f"CPU threads per rank must be positive (0: the launch default), got {s.cpu_threads_per_rank}")
     if s.checkpoint_every < 0 or s.checkpoint_every > arch.num_layers:
         reasons.append(f"checkpoint_every must be 0..{arch.num_layers}, got {s.checkpoint_every}")
     return reasons
@@ -142,6 +149,7 @@ class StrategyBatch:
     reduce_bucket_size: np.ndarray
     allgather_bucket_size: np.ndarray
     prefetch_bucket_size: np.ndarray
+    cpu_threads_per_rank: np.ndarray
 
     @classmethod
     def from_strategies(cls, strategies: list[Strategy]) -> "StrategyBatch":

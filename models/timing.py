@@ -59,6 +59,13 @@ def bus_factor(op: str, n) -> np.ndarray:
     return 2.0 * base if op == "all_reduce" else base
 
 
+def cpu_threads(b: StrategyBatch, profile: HardwareProfile) -> np.ndarray:
+    """Each rank's CPU threads: as the strategy says, else what the launch lines set."""
+    ranks_per_node = np.minimum(b.gpus, b.gpus_per_node)
+    return np.where(b.cpu_threads_per_rank > 0, b.cpu_threads_per_rank,
+                    profile.host.default_threads_per_rank(ranks_per_node))
+
+
 def collective_s(profile: HardwareProfile, op: str, total_bytes, calls, n, intra) -> np.ndarray:
     """Alpha-beta time of `calls` collectives moving `total_bytes` (full tensors) over n ranks."""
     eff = profile.overheads.comm_efficiency.value
@@ -271,8 +278,10 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     # --- optimizer ---------------------------------------------------------------------------
     hbm = profile.gpu.hbm_bandwidth.value * profile.overheads.compute_efficiency.value
     opt_gpu = GPU_ADAM_BYTES_PER_PARAM * (1 - r) * p_rank / hbm
-    ranks_per_node = np.minimum(b.gpus, b.gpus_per_node).astype(float)
-    cpu_busy = r * p_rank * ranks_per_node / profile.host.cpu_adam.value
+    threads = cpu_threads(b, profile)
+    per_node = profile.gpus_per_node.value
+    cpu_rate = profile.host.cpu_adam_per_rank(threads, per_node)
+    cpu_busy = r * p_rank / cpu_rate
     # SuperOffload steps each sub-group on the CPU as soon as its gradients are complete in
     # the last backward; all but the last sub-group's step can hide behind that backward.
     n_sub = np.maximum(1.0, np.ceil(p_rank / SUB_GROUP_SIZE))
@@ -285,6 +294,11 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     passes = np.where(z3, mod_f + mod_b + mod_r, 0.0)
     offload_per_gparam = np.where(b.super_offload, ov.super_offload_step_per_gparam.value,
                                   ov.offload_step_per_gparam.value)
+    # DeepSpeed's host-side offload work (gradient norm and clipping, casts, copies into pinned
+    # buffers) is torch CPU code on the rank's threads too: it is taken to speed up with threads as
+    # CPUAdam does, from the threads the overheads were fitted at (the profile's default per rank).
+    fitted_threads = profile.host.default_threads_per_rank(per_node)
+    offload_per_gparam = offload_per_gparam * profile.host.cpu_adam_per_rank(fitted_threads, per_node) / cpu_rate
     overhead = ov.step.value + ga * ov.micro_step.value + np.where(opt_off, offload_per_gparam * r * p_rank / 1e9, 0.0)
     # The host issues each layer's work asynchronously; when a micro-step's GPU work is
     # shorter than the host's issue time, the GPU waits for the host (small models, short

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from models.architecture import Architecture
 
 
+LOSS_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
 class WorkloadError(ValueError):
     """A workload that cannot exist (vision tokens that overflow the context, ...)."""
 
@@ -21,8 +24,13 @@ class Workload:
     frames: int = 0  # video frames per sample
     image_size: int | None = None  # pixels per side; the preset's when None
     train_vision: bool = False  # encoder trained, or frozen (the projector is always trained)
+    # The dtype the cross-entropy runs in: Hugging Face's ForCausalLMLoss (and most training scripts)
+    # cast the logits to fp32 first; "bf16" keeps them in the model's dtype.
+    loss_dtype: str = "fp32"
 
     def __post_init__(self):
+        if self.loss_dtype not in LOSS_DTYPE_BYTES:
+            raise WorkloadError(f"loss dtype must be one of {', '.join(LOSS_DTYPE_BYTES)}, got {self.loss_dtype!r}")
         if self.seq_len < 1:
             raise WorkloadError(f"sequence length must be positive, got {self.seq_len}")
         if (self.images or self.frames) and self.arch.vision is None:
@@ -50,8 +58,9 @@ class Workload:
         return self.vision_groups * self.arch.vision.llm_tokens_per_image(self.image_size)
 
     @property
-    def text_tokens(self) -> int:
-        return self.seq_len - self.vision_tokens
+    def loss_bytes(self) -> int:
+        """Bytes per logit in the loss."""
+        return LOSS_DTYPE_BYTES[self.loss_dtype]
 
     def describe_vision(self) -> str:
         if self.frames:

@@ -7,6 +7,7 @@ validate` and the benchmarks see the same runs.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,10 @@ from runs.record import RunRecord
 from runs.store import RunStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Records made before the harness recorded its threads (2026-11-29): `advisor validate` gave each run a
+# slot of 16 cores per GPU (32 cores on the 2-GPU host, 64 on the 4-GPU node) and each rank its
+# slot's cores over its ranks: 16 threads in every shipped run.
+LEGACY_THREADS_PER_RANK = 16
 FAILED = ("oom", "crash", "timeout")
 
 
@@ -85,13 +90,16 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
     arch = load_architecture(_resolve_model(c.model))
     if c.strategy is not None:
         strategy = Strategy(**c.strategy)
+        if not strategy.cpu_threads_per_rank:  # what the run had, where the record says or the runner's rule
+            threads = r.cpu_threads_per_rank or LEGACY_THREADS_PER_RANK
+            strategy = dataclasses.replace(strategy, cpu_threads_per_rank=threads)
     else:
         from models.ds_config import parse_ds_config, strategy_from_ds_config
 
         settings = parse_ds_config(c.ds_config, arch)
         strategy = strategy_from_ds_config(settings, gpus=c.gpus, gpus_per_node=c.gpus)
     workload = Workload(arch, c.seq_len, images=c.images, frames=c.frames, image_size=c.image_size,
-                        train_vision=not c.freeze_vision)
+                        train_vision=not c.freeze_vision, loss_dtype=c.loss_dtype)
     energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
     return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
                        r.peak_gpu_reserved_gib, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy))

@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 STATUSES = ("ok", "oom", "crash", "timeout")
+# Records written before candidates carried a loss dtype (2026-11-29) ran the harness's loss on bf16 logits.
+LEGACY_LOSS_DTYPE = "bf16"
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class RunResult:
     timeline_s: dict[str, float] = field(default_factory=dict)  # rank 0: seconds since its start at each stage
     wall_s: float | None = None  # whole run including start-up, filled in by the runner
     concurrent_runs: int = 1  # most runs sharing the machine meanwhile (host CPU energy is whole-host)
+    cpu_threads_per_rank: int | None = None  # torch's intra-op threads in each rank (OMP_NUM_THREADS)
     # The harness itself could not start (a missing module or file, a bad argument): says nothing about
     # the candidate, so the sweep records no result for it and stops.
     harness_error: bool = False
@@ -93,6 +96,7 @@ class Candidate:
     freeze_vision: bool = False
     strategy: dict | None = None  # the models.strategy.Strategy fields it came from, if any
     label: str = ""  # for people; not part of the key
+    loss_dtype: str = "fp32"  # the cross-entropy's dtype (models.workload.Workload.loss_dtype)
 
     def __post_init__(self):
         if self.gpus < 1 or self.seq_len < 1:
@@ -101,7 +105,7 @@ class Candidate:
             raise ValueError("give images or frames, not both")
 
     def workload(self) -> dict:
-        return {
+        out = {
             "model": self.model,
             "seq_len": self.seq_len,
             "images": self.images,
@@ -109,6 +113,9 @@ class Candidate:
             "image_size": self.image_size,
             "train_vision": not self.freeze_vision,
         }
+        if self.loss_dtype != LEGACY_LOSS_DTYPE:  # keys of runs made before the field existed stay as they were
+            out["loss_dtype"] = self.loss_dtype
+        return out
 
     def key(self) -> str:
         """Stable id of what determines the run (not the label, not the strategy's spelling)."""
@@ -126,7 +133,7 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Candidate":
-        return cls(**data)
+        return cls(**{"loss_dtype": LEGACY_LOSS_DTYPE, **data})
 
 
 @dataclass(frozen=True)

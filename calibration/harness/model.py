@@ -218,9 +218,11 @@ class Transformer(nn.Module):
         image_size: int | None = None,
         checkpointing: Checkpointing = Checkpointing(),
         attention_wrapper: Callable | None = None,
+        loss_dtype: str = "fp32",
     ):
         super().__init__()
         self.arch, self.checkpointing = arch, checkpointing
+        self.loss_dtype = loss_dtype  # "fp32": the logits are cast before the cross-entropy, as Hugging Face does
         self.embed_tokens = Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(DecoderBlock(arch, attention_wrapper) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size)
@@ -255,4 +257,6 @@ class Transformer(nn.Module):
             else:
                 x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))  # [b, s, vocab]
+        if self.loss_dtype == "fp32":
+            logits = logits.float()
         return F.cross_entropy(logits.view(b * s, -1), targets.reshape(-1))

@@ -69,6 +69,7 @@ def harness_command(c: Candidate, config_path: Path, out_path: Path, s: RunSetti
         cmd += ["--image-size", str(c.image_size)]
     if c.freeze_vision:
         cmd += ["--freeze-vision"]
+    cmd += ["--loss-dtype", c.loss_dtype]
     if c.sp is not None:
         cmd += ["--sp", str(c.sp)]
     if c.checkpoint_every is not None:
@@ -110,8 +111,7 @@ def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettin
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     cpus = sorted({cpu for s in slots for cpu in (s.cpus or ())}) or None
-    threads = max(1, (len(cpus) if cpus else os.cpu_count() or 1) // c.gpus)
-    env.setdefault("OMP_NUM_THREADS", str(threads))  # torchrun would set 1: CPUAdam would crawl
+    env["OMP_NUM_THREADS"] = str(run_threads(c, cpus, env))  # torchrun would set 1: CPUAdam would crawl
     def preexec():
         _die_with_parent()
         if cpus:
@@ -131,6 +131,17 @@ def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettin
     wall = time.perf_counter() - start
     result = _collect(out_path, log_path, proc.returncode, timed_out, settings.timeout_s)
     return replace(result, wall_s=wall)
+
+
+def run_threads(c: Candidate, cpus: list[int] | None, env: dict) -> int:
+    """Threads per rank: the candidate's own, else OMP_NUM_THREADS as exported, else the run's cores
+    over its ranks (what the advisor's launch lines set)."""
+    asked = (c.strategy or {}).get("cpu_threads_per_rank") or 0
+    if asked > 0:
+        return asked
+    if env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
+        return int(env["OMP_NUM_THREADS"])
+    return max(1, (len(cpus) if cpus else os.cpu_count() or 1) // c.gpus)
 
 
 def _die_with_parent() -> None:

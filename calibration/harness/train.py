@@ -43,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     vision.add_argument("--frames", type=int, default=0, help="video frames per sample")
     p.add_argument("--image-size", type=int, default=None, help="pixels per side (the preset's by default)")
     p.add_argument("--freeze-vision", action="store_true", help="freeze the vision encoder (projector trains)")
+    p.add_argument("--loss-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="cross-entropy dtype: fp32 casts the logits first, as Hugging Face does")
     p.add_argument("--sp", type=int, default=None,
                    help="Ulysses degree (default: ds_config's sequence_parallel_size, else 1)")
     p.add_argument("--checkpoint-every", type=int, default=None,
@@ -116,7 +118,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     if args.freeze_vision and arch.vision is None:
         raise ValueError(f"--freeze-vision: model '{arch.name}' has no vision encoder")
     workload = Workload(arch, args.seq, images=args.images, frames=args.frames, image_size=args.image_size,
-                        train_vision=arch.vision is not None and not args.freeze_vision)
+                        train_vision=arch.vision is not None and not args.freeze_vision, loss_dtype=args.loss_dtype)
 
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -156,10 +158,10 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
             group = mpu.get_sequence_data_parallel_group() if mpu else None
             # dtype comes from the config: zero.Init mis-parses an explicit dtype on a CPU accelerator
             with deepspeed.zero.Init(config_dict_or_path=cfg, data_parallel_group=group):
-                model = Transformer(arch, args.image_size, checkpointing, attention_wrapper)
+                model = Transformer(arch, args.image_size, checkpointing, attention_wrapper, args.loss_dtype)
         else:
             with device:
-                model = Transformer(arch, args.image_size, checkpointing, attention_wrapper)
+                model = Transformer(arch, args.image_size, checkpointing, attention_wrapper, args.loss_dtype)
     finally:
         torch.set_default_dtype(default_dtype)
     if args.freeze_vision:
@@ -276,6 +278,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
         gpu_meter=getattr(monitor, "gpu_meter_kind", "absent"),
         cpu_meter=_cpu_meter_label(monitor, any(r["cpu_energy_estimated"] for r in everyone)),
         world_size=world,
+        cpu_threads_per_rank=torch.get_num_threads(),
         config_adjustments=adjustments,
         timeline_s=timeline.marks,
         layout={

@@ -1,4 +1,4 @@
-"""Host CPU: the offloaded optimizer step (params/s on all cores) and memory bandwidth.
+"""Host CPU: the offloaded optimizer step (params/s on all cores, and against threads) and memory bandwidth.
 
 ZeRO-Offload runs DeepSpeedCPUAdam on the host; its throughput bounds the step when the
 optimizer is offloaded. DeepSpeedCPUAdam is JIT-compiled with the host compiler at first
@@ -64,14 +64,24 @@ def _make_optimizer(kind: str, params):
     return torch.optim.AdamW(params, lr=1e-4, foreach=True)
 
 
-def bench_cpu_adam(ctx: BenchContext) -> dict:
+def thread_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... and all the cores: where a rank's CPU optimizer may run (torchrun's default is 1)."""
+    counts, t = [], 1
+    while t < cores:
+        counts.append(t)
+        t *= 2
+    return counts + [cores]
+
+
+def bench_cpu_adam(ctx: BenchContext, threads: int | None = None) -> dict:
+    """One process's optimizer step on `threads` threads (all the host's cores when None)."""
     if ctx.local_rank != 0:
         return {"ran": False}
     n = adam_params(ctx.sizes.quick, not ctx.is_cuda)
-    cores = host_cores()
+    cores = threads or host_cores()
     kind, why = choose_optimizer(ctx)
     old_threads = torch.get_num_threads()
-    torch.set_num_threads(cores)
+    torch.set_num_threads(cores)  # DeepSpeedCPUAdam's OpenMP loops and torch share this runtime
     try:
         p = torch.nn.Parameter(torch.randn(n, dtype=torch.float32))
         p.grad = torch.randn(n, dtype=torch.float32)
@@ -127,7 +137,11 @@ def bench_host_memory(ctx: BenchContext) -> dict:
 
 
 def items(ctx: BenchContext) -> list[BenchItem]:
+    by_threads = [BenchItem(f"cpu/adam/threads-{t}", "cpu_adam_threads",
+                            lambda c, t=t: bench_cpu_adam(c, t), label=f"CPU Adam step, {t} thread{'s' * (t > 1)}")
+                  for t in thread_counts(host_cores())]
     return [
         BenchItem("cpu/host_memory", "host_memory", bench_host_memory, label="host memory copy, all cores"),
         BenchItem("cpu/adam", "cpu_adam", bench_cpu_adam, label="CPU Adam step, all cores"),
+        *by_threads,
     ]

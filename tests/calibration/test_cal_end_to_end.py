@@ -50,6 +50,9 @@ def test_quick_cpu_profile_loads_and_says_it_is_a_cpu_profile(interrupted_then_f
     assert p.power.cpu.measured is False or p.power.cpu.sensor in ("rapl", "grace-hwmon")
     assert "placeholder for a CPU profile" in p.power.gpu.compute.source
     assert p.gpu.gemm_bf16.y[0] > 0 and p.host.cpu_adam.value > 0
+    from calibration.microbench.cpu import host_cores, thread_counts
+
+    assert p.host.cpu_adam_threads.x == [float(t) for t in thread_counts(host_cores())]  # 1, 2, 4, ... all cores
     assert p.intra_node.all_reduce.group_size_measured.value == 1
     assert out.with_name("cpu.raw.jsonl").exists()
 

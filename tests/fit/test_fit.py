@@ -51,7 +51,7 @@ def test_fit_recovers_known_constants(full_fit, base):
         assert fitted.informed, name
         assert abs(fitted.start - TRUE_VALUES[name]) > tol, f"{name} starts inside the tolerance: test proves nothing"
         assert fitted.value == pytest.approx(TRUE_VALUES[name], abs=tol), name
-    assert full_fit.fragmentation_ == pytest.approx(0.12, abs=1e-9)  # reserved = 1.12 x allocated
+    assert full_fit.fragmentation_["memory.fragmentation"][0] == pytest.approx(0.12, abs=1e-9)  # reserved = 1.12 x allocated
 
 
 def test_fitted_predictions_match_the_true_machine(full_fit, all_runs):
@@ -66,7 +66,8 @@ def test_fitted_profile_is_honest_about_its_origin(full_fit, base, all_runs):
     assert p.provenance.kind == "fitted"
     assert f"{len(all_runs)} measured runs" in p.provenance.notes
     assert fitted_run_ids(p) == {r.run_id for r in all_runs}
-    assert base.provenance.notes in p.provenance.notes  # the chain is kept
+    assert p.fit.prefit_provenance == base.provenance  # the chain is kept, as data
+    assert set(p.fit.prefit) >= {name for name, f in full_fit.parameters_.items() if f.informed}
     for name, f in full_fit.parameters_.items():
         q = p
         for key in name.split("."):
@@ -151,7 +152,7 @@ def test_refitting_a_fitted_profile_starts_from_the_prefit_values(small_runs, ba
     for name, f in twice.parameters_.items():
         assert f.start == once.parameters_[name].start  # not the first fit's values
         assert f.value == pytest.approx(once.parameters_[name].value, rel=1e-9, abs=1e-12)
-    assert twice.profile_.provenance.notes.count("Before the fit:") == 1  # fits never stack
+    assert twice.profile_.fit.prefit_provenance == base.provenance  # fits never stack
 
 
 def test_power_target_does_not_bend_power_to_cover_time_errors(small_specs, base):

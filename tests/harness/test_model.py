@@ -145,3 +145,16 @@ def test_frozen_encoder_gets_no_gradient_but_the_projector_does():
     model(**batch.as_kwargs()).backward()
     assert all(p.grad is None for p in model.vision.encoder_parameters())
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.vision.projector.parameters())
+
+
+def test_the_loss_runs_on_fp32_logits_unless_asked_for_bf16():
+    """Hugging Face casts the logits before the cross-entropy; the cost model's memory follows that dtype."""
+    arch = architecture_from_config(TINY, "tiny")
+    torch.manual_seed(0)
+    fp32 = Transformer(arch, loss_dtype="fp32").to(torch.bfloat16)
+    bf16 = Transformer(arch, loss_dtype="bf16").to(torch.bfloat16)
+    bf16.load_state_dict(fp32.state_dict())
+    tokens = torch.randint(0, arch.vocab_size, (1, 32))
+    loss32, loss16 = fp32(tokens, tokens), bf16(tokens, tokens)
+    assert loss32.dtype == torch.float32 and loss16.dtype == torch.bfloat16
+    assert loss32.item() == pytest.approx(loss16.item(), rel=0.02)

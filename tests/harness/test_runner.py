@@ -31,9 +31,10 @@ def check_measured(result: RunResult, steps: int, world: int):
 def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model):
     """ZeRO 0 runs in test_sweep, 1 with offload and 2 below; 3 here and with Ulysses."""
     stage = 3
-    c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(stage))
+    c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(stage), strategy={"cpu_threads_per_rank": 1})
     result = run_candidate(c, tmp_path, QUICK)
     check_measured(result, steps=2, world=1)
+    assert result.cpu_threads_per_rank == 1  # the candidate's thread count is what the rank ran with
     assert (tmp_path / c.key() / "result.json").exists()
     assert result.layout["zero_stage"] == stage and result.layout["optimizer"] == "AdamW"  # torch_adam on CPU
 
@@ -114,3 +115,13 @@ def test_a_ranks_oom_wins_over_its_peers_broken_collectives(tmp_path):
     RunResult(status="oom", reason="rank 1: CUDA out of memory").write(f"{out}.rank1.error.json")
     got = _collect(out, log, 1, False, 60)
     assert got.status == "oom" and got.reason.startswith("rank 1")
+
+
+def test_threads_come_from_the_candidate_then_the_environment_then_the_cores():
+    from calibration.harness.runner import run_threads
+
+    plain = Candidate(model="m", seq_len=64, ds_config={}, gpus=2)
+    asked = Candidate(model="m", seq_len=64, ds_config={}, gpus=2, strategy={"cpu_threads_per_rank": 3})
+    assert run_threads(asked, [0, 1, 2, 3], {"OMP_NUM_THREADS": "7"}) == 3
+    assert run_threads(plain, [0, 1, 2, 3], {"OMP_NUM_THREADS": "7"}) == 7
+    assert run_threads(plain, list(range(16)), {}) == 8  # the run's cores over its ranks, as the launch lines

@@ -34,4 +34,5 @@ def random_batch(n: int, seed: int = 0) -> StrategyBatch:
         sp=rng.choice([1, 2, 4], n), micro_batch=rng.choice([1, 2], n), grad_accum=rng.choice([1, 3], n),
         overlap_comm=rng.random(n) < 0.7, reduce_bucket_size=np.full(n, 500_000_000),
         allgather_bucket_size=np.full(n, 500_000_000), prefetch_bucket_size=np.full(n, 50_000_000),
+        cpu_threads_per_rank=np.zeros(n, dtype=int),
     )

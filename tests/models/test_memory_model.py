@@ -25,7 +25,6 @@ exactly below:
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,7 @@ from models.architecture import Architecture, VisionEncoder, load_architecture
 from models.flops import micro_step_work
 from models.memory import (
     GEMM_WORKSPACE_BYTES,
-    LOSS_BYTES_PER_VOCAB,
+    LOSS_TENSORS,
     MAX_LIVE_PARAMETERS,
     PHASES,
     SUB_GROUP_SIZE,
@@ -183,26 +182,28 @@ def test_activation_per_token_hand_count_and_ulysses():
     assert list(full_sp - full) == [0.0, 2 * h]  # Ulysses: the all-to-all output feeding o_proj
 
 
-def test_peak_is_the_loss_of_bf16_logits_not_a_sum_of_everything():
+@pytest.mark.parametrize("loss_dtype, bytes_per_logit", [("bf16", 2), ("fp32", 4)])
+def test_peak_is_the_loss_not_a_sum_of_everything(loss_dtype, bytes_per_logit):
     """The brief's example: qwen2.5-0.5b at 32k with checkpointing. At the loss the checkpoints,
-    the final norm and the cross-entropy's 3 bf16 tokens x vocab tensors are alive; the
-    gradient buckets and the step's copies come later, when the logits are gone."""
+    the final norm and the cross-entropy's 3 tokens x vocab tensors (in the loss dtype: fp32 when the
+    logits are cast first) are alive; the gradient buckets and the step's copies come later, when
+    the logits are gone."""
     a = load_architecture("qwen2.5-0.5b")
-    w = Workload(a, 32768)
+    w = Workload(a, 32768, loss_dtype=loss_dtype)
     m = _estimate(w, Strategy(gpus=1, zero_stage=2, checkpoint_every=1))
     t, h, p = 32768, a.hidden_size, count_params(w).trainable
-    loss = 2 * p + 12 * p + GEMM_WORKSPACE_BYTES + t * (a.num_layers * 2 * h + 12 * h + LOSS_BYTES_PER_VOCAB * a.vocab_size)
-    assert LOSS_BYTES_PER_VOCAB == 6
+    loss = 2 * p + 12 * p + GEMM_WORKSPACE_BYTES + t * (a.num_layers * 2 * h + 12 * h
+                                                       + LOSS_TENSORS * bytes_per_logit * a.vocab_size)
     assert float(m.phase_gpu_bytes["loss"][0]) == pytest.approx(loss)
     assert m.peak_phase(0) == "loss" and float(m.allocated_gpu_bytes[0]) == pytest.approx(loss)
     total = sum(float(m.phase_gpu_bytes[name][0]) for name in PHASES)
-    assert float(m.allocated_gpu_bytes[0]) < total / 2
+    assert float(m.allocated_gpu_bytes[0]) < total * 0.6  # a peak, not a sum of everything ever allocated
 
 
 def test_zero2_step_peak_when_activations_are_small():
     """qwen2.5-1.5b, 8k, checkpointed, one GPU: the step's flat bf16 and fp32 gradient copies
-    (22 bytes/param in all) outweigh the loss."""
-    w = Workload(load_architecture("qwen2.5-1.5b"), 8192)
+    (22 bytes/param in all) outweigh the loss (on bf16 logits, as the shipped run computed it)."""
+    w = Workload(load_architecture("qwen2.5-1.5b"), 8192, loss_dtype="bf16")
     m = _estimate(w, Strategy(gpus=1, zero_stage=2, checkpoint_every=1))
     p = count_params(w).trainable
     assert m.peak_phase(0) == "step"
@@ -284,16 +285,16 @@ def test_superoffload_adds_its_workers_gradient_buffer_on_the_host():
 
 
 def _shipped_runs():
-    """(label, workload, strategy, measured max_memory_allocated GiB) of data/runs/*.jsonl."""
+    """(label, workload, strategy, measured max_memory_allocated GiB) of data/runs/*.jsonl, as the fit reads them."""
+    from runs.jsonl import read_records
+    from runs.measured import to_measured_run
+
     out = []
-    for line in (line for path in RUNS for line in path.read_text().splitlines()):
-        d = json.loads(line)
-        c, r = d["candidate"], d["result"]
-        if r["status"] != "ok" or not r.get("peak_gpu_mem_gib"):
+    for record in (r for path in RUNS for r in read_records(path)):
+        if record.result.status != "ok" or not record.result.peak_gpu_mem_gib:
             continue
-        w = Workload(load_architecture(c["model"]), c["seq_len"], images=c["images"], frames=c["frames"],
-                     image_size=c["image_size"], train_vision=not c["freeze_vision"])
-        out.append((c["label"], w, Strategy(**c["strategy"]), r["peak_gpu_mem_gib"]))
+        run = to_measured_run(record)
+        out.append((run.label, run.workload, run.strategy, record.result.peak_gpu_mem_gib))
     return out
 
 

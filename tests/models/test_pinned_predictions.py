@@ -44,7 +44,7 @@ def _workload(spec: dict) -> Workload:
         model = str(REPO / model)
     return Workload(load_architecture(model), spec["seq_len"], images=spec.get("images", 0),
                     frames=spec.get("frames", 0), image_size=spec.get("image_size"),
-                    train_vision=spec.get("train_vision", False))
+                    train_vision=spec.get("train_vision", False), loss_dtype=spec.get("loss_dtype", "fp32"))
 
 
 def _grid_strategies(seed: int, n: int = 60) -> list[dict]:
@@ -66,17 +66,23 @@ def _grid_strategies(seed: int, n: int = 60) -> list[dict]:
 
 
 def _shipped_runs() -> list[dict]:
+    """Every shipped run as the fit sees it (runs.measured): its loss dtype and thread count included."""
+    from dataclasses import asdict
+
+    from runs.jsonl import read_records
+    from runs.measured import to_measured_run
+
     cases = []
     for path in sorted((REPO / "data/runs").glob("**/*.jsonl")):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            c = record["candidate"]
-            if not c.get("strategy"):
+        for record in read_records(path):
+            c = record.candidate
+            if not c.strategy or record.result.status != "ok":
                 continue
-            cases.append({"workload": {"model": c["model"], "seq_len": c["seq_len"], "images": c["images"],
-                                       "frames": c["frames"], "image_size": c["image_size"],
-                                       "train_vision": not c["freeze_vision"]},
-                          "strategy": c["strategy"], "profile": "h200"})
+            run = to_measured_run(record)
+            cases.append({"workload": {"model": c.model, "seq_len": c.seq_len, "images": c.images, "frames": c.frames,
+                                       "image_size": c.image_size, "train_vision": not c.freeze_vision,
+                                       "loss_dtype": run.workload.loss_dtype},
+                          "strategy": asdict(run.strategy), "profile": "h200"})
     return cases
 
 

@@ -95,7 +95,7 @@ def test_vectorised_static_rules_agree_with_static_reasons():
         cpu_checkpointing=rng.random(n) < 0.3, sp=rng.choice([0, 1, 2, 3, 4, 8], n),
         micro_batch=rng.integers(0, 3, n), grad_accum=rng.integers(0, 3, n), overlap_comm=rng.random(n) < 0.5,
         reduce_bucket_size=np.full(n, 500_000_000), allgather_bucket_size=np.full(n, 500_000_000),
-        prefetch_bucket_size=np.full(n, 50_000_000),
+        prefetch_bucket_size=np.full(n, 50_000_000), cpu_threads_per_rank=rng.integers(-1, 3, n),
     )
     mask = static_mask(b, arch)
     scalar = np.array([bool(static_reasons(b.strategy(i), arch)) for i in range(n)])

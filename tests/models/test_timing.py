@@ -137,6 +137,31 @@ def test_cpu_optimizer_time_shares_the_node_rate_between_its_ranks(gh200):
     assert _phases(z2, gh200)["cpu_optimizer"] == pytest.approx(P7 / 4 * 4 / rate)
     z3 = Strategy(gpus=8, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu")
     assert _phases(z3, gh200)["cpu_optimizer"] == pytest.approx(P7 / 8 * 4 / rate)
+    # one GPU of the node: its rank gets one GPU's share of the cores, no more, without a measured curve
+    z2_one = Strategy(gpus=1, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu")
+    assert _phases(z2_one, gh200)["cpu_optimizer"] == pytest.approx(P7 * 4 / rate)
+
+
+THREADS_CURVE = {"x_unit": "threads", "y_unit": "params/s", "x": [1.0, 4.0, 16.0], "y": [3e8, 1e9, 2e9],
+                 "source": "test"}
+
+
+def test_threads_per_rank_set_the_cpu_optimizer_and_deepspeed_host_work():
+    """One thread per rank (torchrun's default) against the cores shared out: CPUAdam at the measured
+    curve's rate, and DeepSpeed's host-side offload work slowed by the same ratio from the threads
+    the overheads were fitted at (the profile's default: 32 cores / 2 GPUs = 16)."""
+    profile = profile_with({"host.cpu_adam_threads": THREADS_CURVE, "host.cores": 32.0, "gpus_per_node": 2.0,
+                            "overheads.offload_step_per_gparam": 0.2})
+    s16 = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=16)
+    s1 = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=1)
+    default = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu")
+    p16, p1, pd = (_phases(s, profile) for s in (s16, s1, default))
+    assert p16["cpu_optimizer"] == pytest.approx(P7 / 2 / 2e9) and pd == p16  # the default is 16 here
+    assert p1["cpu_optimizer"] == pytest.approx(P7 / 2 / 3e8)
+    host_work = p1["deepspeed_overhead"] - p16["deepspeed_overhead"]
+    assert host_work == pytest.approx(0.2 * P7 / 2 / 1e9 * (2e9 / 3e8 - 1))
+    s4 = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=4)
+    assert _phases(s4, profile)["cpu_optimizer"] == pytest.approx(P7 / 2 / 1e9)
 
 
 def test_superoffload_hides_all_but_the_last_sub_group_behind_the_backward():

@@ -37,7 +37,8 @@ def test_store_records_become_runs_and_failures_are_counted(records, tmp_path):
     assert isinstance(run, MeasuredRun)
     assert run.gpu_energy_j == records[2].result.gpu_energy_j
     assert run.peak_gpu_reserved_gib == records[2].result.peak_gpu_reserved_gib
-    assert run.strategy.label() == records[2].candidate.label
+    assert dataclasses.replace(run.strategy, cpu_threads_per_rank=0).label() == records[2].candidate.label
+    assert run.strategy.cpu_threads_per_rank == 16  # the record does not say: the runner's rule before 2026-11-30
     assert "2 oom" in run_set.summary() and "1 timeout" in run_set.summary()
 
 
