@@ -52,46 +52,6 @@ def compare_held_out(held: list[HeldOutPrediction]) -> list[Compared]:
 
 
 @dataclass(frozen=True)
-class ResidualCheck:
-    """Leave-one-out effect of the residual model on one metric, and how often its band held."""
-
-    metric: str
-    n: int
-    mape_before: float
-    mape_after: float
-    max_after: float
-    coverage: float  # share of held-out measurements inside the band
-    level: float  # the band's nominal coverage
-    median_half_width: float  # of the band, relative to the prediction
-
-
-def residual_check(held: list[HeldOutPrediction], metric: str, level: float = 0.9) -> ResidualCheck | None:
-    """For each held-out run: the residual model learns from the other runs under the profile
-    fitted without it, then corrects the held-out prediction and gives a band. None with too few runs."""
-    from models.residual import ResidualModel
-
-    runs = [h.run for h in held]
-    measured = np.array([getattr(r, metric) or np.nan for r in runs], dtype=float)
-    if np.isfinite(measured).sum() < 5:
-        return None
-    before, after, inside, width = [], [], [], []
-    for i, h in enumerate(held):
-        if not np.isfinite(measured[i]):
-            continue
-        others = runs[:i] + runs[i + 1:]
-        model = ResidualModel(metric, level=level).fit(others, RunEvaluator(others)(h.profile))
-        base = RunEvaluator([h.run])(h.profile)
-        corrected, lo, hi = (v[0] for v in model.predict([h.run], base))
-        plain = float(getattr(base, metric)[0])
-        before.append(abs(plain / measured[i] - 1))
-        after.append(abs(corrected / measured[i] - 1))
-        inside.append(lo <= measured[i] <= hi)
-        width.append((hi - lo) / 2 / corrected)
-    return ResidualCheck(metric, len(after), float(np.mean(before)), float(np.mean(after)), float(np.max(after)),
-                         float(np.mean(inside)), level, float(np.median(width)))
-
-
-@dataclass(frozen=True)
 class ErrorStats:
     n: int
     mape: float | None  # mean |relative error|

@@ -181,22 +181,26 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
     strategy = strategy_from_inputs(flags, settings, arch, int(prof.gpus_per_node.value),
                                     _global_batch(global_batch_text, workload.seq_len))
     pred = predict_one(workload, strategy, prof)
+    from advisor.bands import band_fields, profile_band
     from advisor.recommend import thread_warnings
 
     for warning in thread_warnings(strategy, prof):
         click.echo(warning, err=True)
+    band, why_not = profile_band(profile, prof)
+    bands = band_fields(band, pred.step_time_s, pred.energy_j)
     if as_json:
         out = pred.to_dict()
         out.setdefault("strategy", asdict(strategy))
         out["global_batch"] = strategy.global_batch
         out["tokens_per_step"] = strategy.global_batch * workload.seq_len
         out["profile_trust"] = prof.trust()
+        out.update(bands, band_level=band.level if band else None, band_note=why_not or None)
         click.echo(json.dumps(out))
         return
     from advisor.render import console, show_prediction
 
     show_prediction(console(), pred, strategy, f"{arch.name} at {workload.seq_len} tokens on {prof.describe()}",
-                    prof.trust())
+                    prof.trust(), bands, band.level if band else None, why_not)
 
 
 @main.command()
@@ -224,13 +228,39 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               help="Write the pick's DeepSpeed config here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the Pareto plot (PNG) here.")
+@click.option("--validate", "validate_k", type=click.IntRange(min=1), default=None,
+              help="Measure up to K candidates the model cannot tell apart on this machine's GPUs, and pick by "
+                   "measurement (the pick, the fastest, those whose band overlaps the pick's, the best of each family).")
+@click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=None,
+              help="With --validate: seconds for the runs; no run starts or runs past it.")
+@click.option("--refit", is_flag=True,
+              help="With --validate: refit the profile on every stored run; written beside it, never over it.")
+@click.option("--script", default=None,
+              help="With --validate: your training script instead of the built-in model, e.g. \"python train.py "
+                   "--deepspeed_config {ds_config}\" (also {gpus}, {model}, {seq}); it reports through "
+                   "advisor.monitor.StepMeter.")
+@click.option("--workdir", default="validate-runs", show_default=True, help="With --validate: configs, logs, results.")
+@click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
+              help="With --validate: SQLite run store (default: ~/.cache/energy-advisor/runs.db).")
+@click.option("--plan-only", is_flag=True, help="With --validate: show the candidates and their predictions; run nothing.")
 def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype,
               as_json, gpus_text, objective, slowdown_text, method, trials, storage, seed, tokens_text, threads,
-              margin_text, out_ds_config, plot_path):
+              margin_text, out_ds_config, plot_path, validate_k, budget_s, refit, script, workdir, store_path,
+              plan_only):
     """Search ZeRO stage, offload, checkpointing, sp and micro-batch; print the Pareto front,
-    the pick, its DeepSpeed config and launch line."""
-    from advisor.recommend import recommend_run
+    the pick, its DeepSpeed config and launch line. With --validate K, measure the closest
+    candidates and pick by measurement."""
+    from advisor.loop import LoopSettings
+    from advisor.recommend import RecommendRequest, recommend_run
     from advisor.space import widest_sp
+
+    loop_only = {"--budget": budget_s, "--refit": refit, "--script": script, "--store": store_path,
+                 "--plan-only": plan_only}
+    if validate_k is None and any(loop_only.values()):
+        given = ", ".join(k for k, v in loop_only.items() if v)
+        raise InputError(f"{given} belongs to --validate K (measure K candidates): add it, or leave {given} out")
+    if script is not None and "{ds_config}" not in script:
+        raise InputError("--script must pass each candidate's config: put {ds_config} where your script takes it")
 
     if method == "exhaustive" and storage:
         raise InputError("--storage holds Optuna studies; --search exhaustive keeps nothing to resume")
@@ -252,15 +282,18 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     counts = gpu_range.counts(per_node) if not gpu_range.fixed else [gpu_range.low]
     counts, dropped = counts_within_run(counts, lambda gpus: widest_sp(arch, gpus, per_node), workload.seq_len,
                                         tokens)
-    recommend_run(
-        arch=arch, workload=workload, profile=prof, gpu_counts=counts,
+    loop = None if validate_k is None else LoopSettings(
+        k=validate_k, workdir=workdir, store=store_path, jsonl=None, budget_s=budget_s, script=script, refit=refit,
+        plan_only=plan_only)
+    recommend_run(RecommendRequest(
+        model=model, workload=workload, profile=prof, profile_name=profile, gpu_counts=counts,
         global_batch=_global_batch(global_batch_text, workload.seq_len), tokens=tokens, objective=objective,
         max_slowdown=slowdown, method=method, storage=storage,
         trials=trials or (DEFAULT_TRIALS if gpu_range.fixed else DEFAULT_TRIALS_GPU_RANGE),
         seed=(None if storage else 0) if seed is None else seed,
-        out_ds_config=out_ds_config, plot_path=plot_path, as_json=as_json, notes=dropped,
-        cpu_threads_per_rank=threads or 0, memory_margin=margin,
-    )
+        out_ds_config=out_ds_config, plot_path=plot_path, as_json=as_json, notes=tuple(dropped),
+        cpu_threads_per_rank=threads or 0, memory_margin=margin, loop=loop,
+    ))
 
 
 if __name__ == "__main__":

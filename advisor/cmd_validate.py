@@ -7,7 +7,6 @@ the harness subprocesses.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,22 +26,6 @@ def _cell(comparison, metric: str) -> str:
     p, m, e = comparison.predicted[metric], comparison.measured[metric], comparison.error_pct[metric]
     err = "" if e is None else f" ({e:+.0f}%)"
     return f"{_fmt(p)} / {_fmt(m)}{err}"
-
-
-def _local_slots(parallel: bool):
-    from calibration.harness.runner import Slot, split_slots
-
-    try:
-        import torch
-
-        count = torch.cuda.device_count()
-    except ImportError:
-        count = 0
-    if count == 0:
-        return [Slot()]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    ids = [e.strip() for e in visible.split(",") if e.strip()][:count] if visible else list(range(count))
-    return split_slots(ids) if parallel else [Slot(g) for g in ids]
 
 
 def _default_store() -> Path:
@@ -97,8 +80,16 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
     """Run candidates for real, predict each first, store both, show predicted / measured (% error)."""
     started = time.monotonic()
     from runs.store import RunStore
-    from advisor.validate import candidate_from_ds_config, candidates_from_sweep, compare, run_validation
-    from calibration.harness.runner import RunSettings, prebuild_ops
+    from advisor.validate import (
+        candidate_from_ds_config,
+        candidates_from_sweep,
+        compare,
+        local_slots,
+        prebuild_local,
+        print_progress,
+        run_validation,
+    )
+    from calibration.harness.runner import RunSettings
 
     if bool(sweep_path) == bool(ds_config_path):
         raise click.UsageError("give either --ds-config (with --model and --seq) or --sweep")
@@ -118,23 +109,14 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     jsonl = Path(jsonl_path) if jsonl_path else workdir / "runs.jsonl"
-    slots = _local_slots(parallel)
-    on_gpu = slots[0].gpu is not None
-    if prebuild if prebuild is not None else on_gpu:
-        report = prebuild_ops(gpu=on_gpu)
-        click.echo(f"prebuilt DeepSpeed ops: {json.dumps(report)}", err=True)
-
-    def progress(record):
-        r = record.result
-        took = f"{r.step_time_s:.3f} s/step" if r.step_time_s else r.reason[:160]
-        click.echo(f"[{r.status}] {record.candidate.model} seq {record.candidate.seq_len} "
-                   f"{record.candidate.label}: {took} (run {r.wall_s or 0:.0f} s)", err=True)
+    slots = local_slots(parallel)
+    prebuild_local(slots, prebuild)
 
     settings = RunSettings(warmup=warmup, steps=steps, min_window_s=min_window_s, timeout_s=timeout_s)
     with RunStore(store_path or _default_store()) as store:
         left = budget_s - (time.monotonic() - started) if budget_s else None
         records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=left,
-                                 retry=tuple(retry), on_record=progress, concurrent=parallel)
+                                 retry=tuple(retry), on_record=print_progress, concurrent=parallel)
     comparisons = [compare(r) for r in records]
     skipped = len(candidates) - len(records)
     if as_json:

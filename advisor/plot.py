@@ -41,3 +41,51 @@ def pareto_plot(result: SearchResult, path: str | Path, title: str, max_slowdown
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def accuracy_plot(report, path: str | Path) -> Path:
+    """Predicted against measured step time, GPU energy and allocated memory, log-log, by family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    panels = (("time", "step time (s)", lambda c: (c.run.step_time_s, c.step_time_s)),
+              ("energy", "GPU energy per step (J)", lambda c: (c.run.gpu_energy_j, c.gpu_energy_j)),
+              ("memory", "GPU memory allocated (GiB)", lambda c: (c.run.peak_gpu_mem_gib, c.allocated_gpu_mem_gib)))
+    families = sorted({c.run.family for c in report.compared})
+    colors = {f: plt.cm.tab10(i % 10) for i, f in enumerate(families)}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5), dpi=110)
+    overall = report.families[0]
+    for ax, (metric, title, pick) in zip(axes, panels):
+        points = [(c.run.family, *pick(c)) for c in report.compared if pick(c)[0]]
+        for family in families:
+            xs = [m for f, m, p in points if f == family]
+            ys = [p for f, m, p in points if f == family]
+            if xs:
+                ax.scatter(xs, ys, s=22, color=colors[family], label=family)
+        if points:
+            lo = min(min(m, p) for _, m, p in points) * 0.8
+            hi = max(max(m, p) for _, m, p in points) * 1.25
+            ax.plot([lo, hi], [lo, hi], color="0.3", linewidth=1)
+            for band, style in ((0.05, ":"), (0.15, "--")):
+                ax.plot([lo, hi], [lo * (1 + band), hi * (1 + band)], style, color="0.6", linewidth=0.8)
+                ax.plot([lo, hi], [lo * (1 - band), hi * (1 - band)], style, color="0.6", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):  # minor labels collide on short ranges
+                axis.set_minor_formatter(NullFormatter())
+        stats = getattr(overall, metric)
+        mape = "-" if stats.mape is None else f"{stats.mape:.1%}"
+        ax.set_title(f"{title}: MAPE {mape}", fontsize=10)
+        ax.set_xlabel("measured")
+        ax.set_ylabel("predicted")
+        ax.grid(True, alpha=0.3, which="both")
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Predicted against measured ({report.mode}), {report.profile}; lines: equal, 5%, 15%", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

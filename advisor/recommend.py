@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import click
 
@@ -134,59 +134,117 @@ def thread_warnings(strategy, profile) -> list[str]:
     return out
 
 
-def recommend_run(*, arch, workload, profile, gpu_counts, global_batch, tokens, objective, max_slowdown, method,
-                  trials, storage, seed, out_ds_config, plot_path, as_json, notes=(),
-                  cpu_threads_per_rank: int = 0, memory_margin: float = DEFAULT_MEMORY_MARGIN) -> SearchResult:
+@dataclass(frozen=True)
+class RecommendRequest:
+    """Everything `advisor recommend` was asked, parsed."""
+
+    model: str  # as typed: a preset name or a config.json path (validation runs need it)
+    workload: object  # models.workload.Workload
+    profile: object  # models.profile.HardwareProfile
+    profile_name: str  # as typed: its band and refits live beside it
+    gpu_counts: list[int]
+    global_batch: int
+    tokens: int
+    objective: str
+    max_slowdown: float
+    method: str
+    trials: int
+    storage: str | None
+    seed: int | None
+    out_ds_config: str | None
+    plot_path: str | None
+    as_json: bool
+    notes: tuple[str, ...] = ()
+    cpu_threads_per_rank: int = 0
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
+    loop: object | None = None  # advisor.loop.LoopSettings: measure the closest candidates
+
+
+def recommend_run(req: RecommendRequest) -> SearchResult:
     from advisor.alternatives import alternatives
+    from advisor.bands import band_fields, profile_band
     from advisor.launch import launch
     from models.ds_config import to_ds_config
 
-    problem = make_problem(workload, profile, gpu_counts, global_batch, tokens, cpu_threads_per_rank, memory_margin)
-    result = run_search(problem, method, trials, objective, max_slowdown, storage, seed)
-    chosen = result.candidates.strategies[result.pick]
-    config = to_ds_config(chosen, arch)
-    line = launch(chosen, threads_of(chosen, profile), config_path=out_ds_config or "ds_config.json")
-    notes = list(notes) + thread_warnings(chosen, profile)
-    if memory_margin:
-        notes.append(f"every strategy shown leaves {memory_margin:.0%} of the GPU's {problem.gpu_memory_gib:.0f} GiB "
-                     "free (--memory-margin): the room for the prediction's error")
-    gpus = f"{gpu_counts[0]}" if len(gpu_counts) == 1 else f"{gpu_counts[0]}-{gpu_counts[-1]}"
-    header = (f"{arch.name}, {workload.seq_len} tokens, {gpus} GPUs; objective {objective} within "
-              f"{max_slowdown:.0%} of the fastest; run of {tokens:.3g} tokens; {method}, "
+    workload, profile, arch = req.workload, req.profile, req.workload.arch
+    problem = make_problem(workload, profile, req.gpu_counts, req.global_batch, req.tokens, req.cpu_threads_per_rank,
+                           req.memory_margin)
+    result = run_search(problem, req.method, req.trials, req.objective, req.max_slowdown, req.storage, req.seed)
+    band, band_note = profile_band(req.profile_name, profile)
+    notes = list(req.notes)
+    if req.memory_margin:
+        notes.append(f"every strategy shown leaves {req.memory_margin:.0%} of the GPU's {problem.gpu_memory_gib:.0f} "
+                     "GiB free (--memory-margin): the room for the prediction's error")
+    if band_note:
+        notes.append(band_note)
+    gpus = f"{req.gpu_counts[0]}" if len(req.gpu_counts) == 1 else f"{req.gpu_counts[0]}-{req.gpu_counts[-1]}"
+    header = (f"{arch.name}, {workload.seq_len} tokens, {gpus} GPUs; objective {req.objective} within "
+              f"{req.max_slowdown:.0%} of the fastest; run of {req.tokens:.3g} tokens; {req.method}, "
               f"{result.evaluations} evaluations")
-    lines = search_notes(result, global_batch, list(notes))
-    others = alternatives(result, objective, max_slowdown)
-    if as_json:
+    others = alternatives(result, req.objective, req.max_slowdown)
+
+    def point(i):
+        p = point_dict(result, i, workload.seq_len)
+        return {**p, **band_fields(band, p["step_time_s"], p["energy_j"])}
+
+    loop = None
+    if req.loop is not None:
+        from advisor.loop import close_loop
+
+        loop = close_loop(req, result, band)
+        if req.loop.plan_only:
+            _print_plan(req, loop)
+            return result
+    chosen = result.candidates.strategies[loop.pick_index if loop and loop.pick_index is not None else result.pick]
+    config = to_ds_config(chosen, arch)
+    line = launch(chosen, threads_of(chosen, profile), config_path=req.out_ds_config or "ds_config.json")
+    lines = search_notes(result, req.global_batch, notes + thread_warnings(chosen, profile))
+    if req.as_json:
         click.echo(json.dumps({
-            "recommended": point_dict(result, result.pick, workload.seq_len),
-            "pareto": [point_dict(result, i, workload.seq_len) for i in result.pareto],
+            "recommended": point(result.pick if loop is None or loop.pick_index is None else loop.pick_index),
+            "model_pick": point(result.pick),
+            "pareto": [point(i) for i in result.pareto],
             "alternatives": [a.to_dict(result) for a in others],
             "ds_config": config,
             "launch": asdict(line),
             "notes": lines,
+            "band": {"level": band.level, "source": band.source} if band else None,
+            "validation": loop.to_dict() if loop else None,
             "search": {
-                "method": method, "objective": objective, "max_slowdown": max_slowdown, "tokens": tokens,
-                "global_batch_target": global_batch, "gpu_counts": list(gpu_counts),
+                "method": req.method, "objective": req.objective, "max_slowdown": req.max_slowdown,
+                "tokens": req.tokens, "global_batch_target": req.global_batch, "gpu_counts": list(req.gpu_counts),
                 "evaluations": result.evaluations, "distinct_strategies": len(result.candidates),
                 "resumed": result.trials_before > 0, "trials_before": result.trials_before,
                 "trials_total": result.trials_total or result.evaluations,
-                "study_name": result.study_name, "storage": storage, "profile": profile.describe(),
+                "study_name": result.study_name, "storage": req.storage, "profile": profile.describe(),
                 "profile_trust": profile.trust(),
             },
         }))
     else:
-        from advisor.render import console, show_recommendation
+        from advisor.render import console, show_loop, show_recommendation
 
-        show_recommendation(console(), result, workload.seq_len, config, line, header, profile.trust(), lines,
-                            others)
+        out = console()
+        show_recommendation(out, result, workload.seq_len, config, line, header, profile.trust(), lines, others,
+                            picked_by="measurement" if loop and loop.pick_index is not None else "the model")
+        if loop:
+            show_loop(out, loop)
     # The result is out before anything can fail on the way to a file.
-    if out_ds_config:
-        write_output("--out-ds-config", out_ds_config, _dump_json(config))
-    if plot_path:
+    if req.out_ds_config:
+        write_output("--out-ds-config", req.out_ds_config, _dump_json(config))
+    if req.plot_path:
         from advisor.plot import pareto_plot
 
-        write_output("--plot", plot_path,
-                     lambda path: pareto_plot(result, path, f"{header}; {profile.name}", max_slowdown))
-        if not as_json:
-            click.echo(f"Pareto plot written to {plot_path}")
+        write_output("--plot", req.plot_path,
+                     lambda path: pareto_plot(result, path, f"{header}; {profile.name}", req.max_slowdown))
+        if not req.as_json:
+            click.echo(f"Pareto plot written to {req.plot_path}")
     return result
+
+
+def _print_plan(req: RecommendRequest, loop) -> None:
+    if req.as_json:
+        click.echo(json.dumps({"plan": loop.to_dict()}))
+        return
+    from advisor.render import console, show_loop
+
+    show_loop(console(), loop)

@@ -24,8 +24,13 @@ def _hours(s: float) -> str:
     return f"{s / 3600:,.2f}"
 
 
-def show_prediction(out: Console, pred, strategy, title: str, trust: str) -> None:
-    """One strategy: totals, then where the time and energy go."""
+def _band_text(band, level) -> str:
+    return "" if band is None else f" ({level:.0%} band {band[0]:,.3g} - {band[1]:,.3g})"
+
+
+def show_prediction(out: Console, pred, strategy, title: str, trust: str, bands: dict, level: float | None,
+                    band_note: str) -> None:
+    """One strategy: totals with their band, then where the time and energy go."""
     out.print(f"[bold]{trust}[/bold]", highlight=False)
     summary = Table(title=title, show_header=False, title_justify="left")
     summary.add_column("", style="bold")
@@ -37,11 +42,11 @@ def show_prediction(out: Console, pred, strategy, title: str, trust: str) -> Non
         ("strategy", strategy.label()),
         ("global batch", f"{strategy.global_batch} sequences (micro-batch {strategy.micro_batch} x dp {strategy.dp}"
                          f" x accumulation {strategy.grad_accum})"),
-        ("step time", f"{pred.step_time_s:,.3f} s"),
+        ("step time", f"{pred.step_time_s:,.3f} s{_band_text(bands['step_time_s_band'], level)}"),
         ("throughput", f"{pred.tokens_per_s:,.0f} tokens/s"),
         ("GPU energy / step", f"{pred.gpu_energy_j:,.0f} J (all {strategy.gpus} GPUs)"),
         ("CPU energy / step", f"{pred.cpu_energy_j:,.0f} J{cpu_note}"),
-        ("energy / step", f"{pred.energy_j:,.0f} J"),
+        ("energy / step", f"{pred.energy_j:,.0f} J{_band_text(bands['energy_j_band'], level)}"),
         ("peak GPU memory", f"{pred.peak_gpu_mem_gib:,.1f} GiB"),
         ("peak host memory", f"{pred.peak_host_mem_gib:,.1f} GiB"),
         ("feasible", "yes" if pred.feasible else "[red]no[/red]: " + "; ".join(pred.reasons)),
@@ -50,6 +55,8 @@ def show_prediction(out: Console, pred, strategy, title: str, trust: str) -> Non
     for k, v in rows:
         summary.add_row(k, v)
     out.print(summary)
+    if band_note:
+        out.print(f"[dim]{band_note}[/dim]", highlight=False)
     phases = Table(title="Breakdown (exposed time per phase)", title_justify="left")
     for col in ("phase", "time s", "share", "GPU energy J", "CPU energy J"):
         phases.add_column(col, justify="left" if col == "phase" else "right")
@@ -66,7 +73,7 @@ HOSTFILE_LINES_SHOWN = 8
 
 
 def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_config: dict, launch: Launch,
-                        header: str, trust: str, notes: list[str], others: list, ) -> None:
+                        header: str, trust: str, notes: list[str], others: list, picked_by: str = "the model") -> None:
     c = result.candidates
     out.print(f"[bold]{trust}[/bold]", highlight=False)
     table = Table(title=f"Pareto front ({header})", title_justify="left")
@@ -92,8 +99,10 @@ def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_con
         out.print(f"[dim]{note}[/dim]", highlight=False)
     if others:
         out.print(_alternatives_table(result, others))
-    s = c.strategies[result.pick]
-    out.print(f"\n[bold]Recommended[/bold] (*): {s.label()}")
+    if picked_by == "the model":
+        out.print(f"\n[bold]Recommended[/bold] (*): {c.strategies[result.pick].label()}")
+    else:
+        out.print(f"\n[bold]Recommended by measurement[/bold]: see the validation table below")
     out.print("\n[bold]ds_config.json[/bold]")
     out.print_json(json.dumps(ds_config))
     out.print("\n[bold]Launch[/bold]")
@@ -127,3 +136,42 @@ def _alternatives_table(result: SearchResult, others: list) -> Table:
                       f"{c.metrics['peak_gpu_mem_gib'][i]:,.1f}", _gap(a.time_gap) + slow, _gap(a.energy_gap),
                       style="bold green" if a.is_pick else None)
     return table
+
+
+def _num(x, fmt: str = ",.3g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def show_loop(out: Console, loop) -> None:
+    """The candidates the loop measures: predicted (with the band) against measured, and the pick."""
+    table = Table(title="Validation: predicted \\[band] / measured, per optimizer step", title_justify="left")
+    for col in ("", "strategy", "why", "step s", "energy kJ", "status", "regret"):
+        table.add_column(col, justify="left" if col in ("", "strategy", "why", "status") else "right")
+    v = loop.verdict
+    for i, p in enumerate(loop.plan):
+        m = loop.measured[i] if loop.measured else None
+        t_band, e_band = p.get("step_time_s_band"), p.get("energy_j_band")
+        t = f"{p['step_time_s']:,.3g}" + (f" [{t_band[0]:,.3g}-{t_band[1]:,.3g}]" if t_band else "")
+        e = f"{p['energy_j'] / 1e3:,.3g}" + (f" [{e_band[0] / 1e3:,.3g}-{e_band[1] / 1e3:,.3g}]" if e_band else "")
+        status, regret, mark = "planned", "", ""
+        if m is not None:
+            t += f" / {_num(m.time_s)}"
+            e += f" / {_num(m.energy_j / 1e3 if m.energy_j is not None else None)}"
+            status = m.record.result.status if m.record else "not run"
+            if m.record and not m.ok:
+                status += f": {m.record.result.reason[:60]}"
+            regret = "" if v.regret.get(i) is None else f"{v.regret[i]:+.1%}"
+            mark = "*" if v.measured_pick == i else ""
+        table.add_row(mark, p["label"], p["why"], t, e, status, regret, style="bold green" if mark else None)
+    out.print(table)
+    if loop.measured is None:
+        out.print("[dim]planned only (--plan-only): nothing was run[/dim]")
+        return
+    if v.measured_pick is not None:
+        by = {"energy": "least measured energy", "time": "fastest measured", "edp": "least measured energy x time"}
+        out.print(f"[bold]Picked by measurement[/bold] (*): {loop.plan[v.measured_pick]['label']} "
+                  f"({by[v.by]} within the slowdown limit of the fastest measured; regret: the figure per token "
+                  f"against the pick's; runs took {loop.run_seconds:,.0f} s)", highlight=False)
+    for note in (v.note, loop.refit_note):
+        if note:
+            out.print(f"[dim]{note}[/dim]", highlight=False)

@@ -113,7 +113,7 @@ class Space:
             sp=params["sp"],
             micro_batch=params["micro_batch"],
             grad_accum=grad_accum,
-            overlap_comm=params["overlap_comm"],
+            overlap_comm=params["overlap_comm"] and zero_stage > 0,  # ZeRO-0 overlaps nothing: DeepSpeed's off
             cpu_threads_per_rank=self.cpu_threads_per_rank,
             **offload_fields(offload),
             **checkpoint_fields(params["checkpointing"]),
@@ -161,6 +161,8 @@ class Space:
                         continue
                     ga = step_global_batch(self.global_batch, dp, mb)[1]
                     for (z, o), ck, ov in itertools.product(families, ckpts, self.overlap_comm):
+                        if z == 0 and ov:
+                            continue  # ZeRO-0 overlaps nothing: one point, overlap_comm off as DeepSpeed has it
                         off = offload_fields(o)
                         rows.append((gpus, gpn, z, OFFLOAD_NAMES[off["offload_optimizer"]], off["offload_ratio"],
                                      off["super_offload"], OFFLOAD_NAMES[off["offload_param"]], ck["checkpoint_every"],

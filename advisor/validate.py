@@ -178,3 +178,45 @@ def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir
 
     return run_sweep(todo, jsonl_path, workdir, settings, slots, predict=make_predictor(profile),
                      on_record=record, deadline_s=deadline_s, retry=retry, concurrent=concurrent)
+
+
+def local_slots(parallel: bool = True) -> list:
+    """This machine's GPUs as run slots (the visible ones), each with its share of the cores; one
+    slot without a GPU on a CPU-only machine."""
+    import os
+
+    from calibration.harness.runner import Slot, split_slots
+
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except ImportError:
+        count = 0
+    if count == 0:
+        return [Slot()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    ids = [e.strip() for e in visible.split(",") if e.strip()][:count] if visible else list(range(count))
+    return split_slots(ids) if parallel else [Slot(g) for g in ids]
+
+
+def prebuild_local(slots, asked: bool | None = None) -> None:
+    """Compile DeepSpeed's CPU and GPU Adam once before timed runs (by default when a GPU is present)."""
+    import sys
+
+    from calibration.harness.runner import prebuild_ops
+
+    on_gpu = slots[0].gpu is not None
+    if asked if asked is not None else on_gpu:
+        report = prebuild_ops(gpu=on_gpu)
+        print(f"prebuilt DeepSpeed ops: {json.dumps(report)}", file=sys.stderr)
+
+
+def print_progress(record: RunRecord) -> None:
+    """One line on stderr per finished run."""
+    import sys
+
+    r = record.result
+    took = f"{r.step_time_s:.3f} s/step" if r.step_time_s else r.reason[:160]
+    print(f"[{r.status}] {record.candidate.model} seq {record.candidate.seq_len} {record.candidate.label}: {took} "
+          f"(run {r.wall_s or 0:.0f} s)", file=sys.stderr, flush=True)

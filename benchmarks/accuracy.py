@@ -22,16 +22,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from advisor.accuracy import (
-    accuracy_report,
-    compare_as_is,
-    compare_held_out,
-    format_report,
-)
-from models.fit import ProfileFit, prefit_profile
-from models.profile import load_profile
-from models.validation import choose_prior_strength, leave_one_out
-from runs.measured import gather_records, to_run_set
+from advisor.accuracy import accuracy_report, compare_as_is, format_report  # noqa: E402
+from advisor.refit import refit  # noqa: E402
+from models.profile import load_profile  # noqa: E402
+from runs.measured import gather_records, to_run_set  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -51,24 +45,21 @@ def main(argv=None) -> int:
         print(f"no successful runs in {', '.join(paths)} ({run_set.summary()})", file=sys.stderr)
         return 1
     profile = load_profile(args.profile)
-    base = prefit_profile(profile)
     start = time.perf_counter()
-    strength, scores = choose_prior_strength(run_set.runs, base) if len(run_set.runs) >= 4 else (1e-3, {})
-    estimator = ProfileFit(prior_strength=strength, data_note=", ".join(paths))
-    full = estimator.fit(run_set.runs, base)
-    held = leave_one_out(run_set.runs, base, estimator=estimator, full_fit=full)
+    done = refit(run_set.runs, profile, data_note=", ".join(paths))
     seconds = time.perf_counter() - start
-    loo = accuracy_report(compare_held_out(held), "leave-one-out", base.describe())
+    loo, strength, scores = done.report, done.prior_strength, done.cv_scores
     as_is = accuracy_report(compare_as_is(run_set.runs, profile), "as-is, in-sample where fitted to these runs",
                             profile.describe())
     if args.plot:
-        from advisor.cmd_fit import accuracy_plot
+        from advisor.plot import accuracy_plot
 
         accuracy_plot(loo, args.plot)
     if args.json:
         print(json.dumps({"runs": paths, "summary": run_set.summary(), "seconds": seconds,
                           "prior_strength": strength, "cross_validation": {str(k): v for k, v in scores.items()},
-                          "leave_one_out": loo.to_dict(), "as_is": as_is.to_dict()}))
+                          "leave_one_out": loo.to_dict(), "as_is": as_is.to_dict(),
+                          "band": json.loads(done.band.to_json())}))
         return 0
     print(f"runs: {', '.join(Path(x).name for x in paths)}: {run_set.summary()}")
     for line in run_set.skipped:
@@ -76,7 +67,9 @@ def main(argv=None) -> int:
     if scores:
         print("prior strength by 5-fold cross-validation (mean |log error|): "
               + ", ".join(f"{k:g}: {v:.3f}" for k, v in scores.items()) + f"; chose {strength:g}")
-    print(f"leave-one-out: {len(held)} refits, {seconds:.0f} s with the cross-validation\n")
+    print(f"leave-one-out: {len(done.held)} refits, {seconds:.0f} s with the cross-validation; the 90% band held "
+          f"{done.band.step_time_s.loo_coverage:.0%} (time) and {done.band.gpu_energy_j.loo_coverage:.0%} (energy) "
+          "of the runs, each left out\n")
     print(format_report(loo))
     print()
     print(format_report(as_is))

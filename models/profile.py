@@ -401,16 +401,22 @@ def parse_profile(data: dict, origin: str = "<dict>") -> HardwareProfile:
         raise ProfileError(f"{origin}: bad key '{key}': {first['msg']}") from None
 
 
-def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> HardwareProfile:
-    """Load a shipped profile by name (`gh200`, `h200`) or any profile JSON by path."""
+def profile_path(name_or_path: str | Path = DEFAULT_PROFILE) -> Path:
+    """The file of a shipped profile's name (`gh200`, `h200`), or the path given."""
     path = Path(name_or_path)
     if path.suffix != ".json":
         path = PROFILES_DIR / f"{name_or_path}.json"
         if not path.exists():
-            known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+            known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json") if ".band" not in p.name))
             raise ProfileError(f"unknown profile '{name_or_path}'; shipped profiles: {known}")
     if not path.exists():
         raise ProfileError(f"profile file not found: {path}")
+    return path
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> HardwareProfile:
+    """Load a shipped profile by name (`gh200`, `h200`) or any profile JSON by path."""
+    path = profile_path(name_or_path)
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

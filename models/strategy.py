@@ -73,7 +73,7 @@ class Strategy:
         parts.append(f"mb{self.micro_batch}")
         parts.append(f"ga{self.grad_accum}")
         parts.append(f"{self.gpus}gpu")
-        if not self.overlap_comm:
+        if not self.overlap_comm and self.zero_stage > 0:  # ZeRO-0 has nothing to overlap
             parts.append("no-overlap")
         defaults = Strategy()
         for name, short in (("reduce_bucket_size", "rb"), ("allgather_bucket_size", "agb"),

@@ -120,3 +120,12 @@ def to_run_set(records: list[RunRecord]) -> RunSet:
         except (ValueError, KeyError, TypeError) as exc:
             skipped.append(f"{record.key} {record.candidate.label}: {exc}")
     return RunSet(runs, dict(failed), skipped, len(ok) - len(latest))
+
+
+SHIPPED_RUNS = REPO_ROOT / "data" / "runs"
+
+
+def shipped_records(ids: set[str]) -> list[RunRecord]:
+    """The runs shipped with the advisor (data/runs/*.jsonl) whose keys are in `ids`: the runs a
+    shipped profile was fitted to, so that a refit adds new runs to them instead of replacing them."""
+    return [r for path in sorted(SHIPPED_RUNS.glob("*.jsonl")) for r in read_records(path) if r.key in ids]

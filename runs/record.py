@@ -97,6 +97,8 @@ class Candidate:
     strategy: dict | None = None  # the models.strategy.Strategy fields it came from, if any
     label: str = ""  # for people; not part of the key
     loss_dtype: str = "fp32"  # the cross-entropy's dtype (models.workload.Workload.loss_dtype)
+    # The user's training script (`advisor recommend --validate --script`), None for the built-in model.
+    script: str | None = None
 
     def __post_init__(self):
         if self.gpus < 1 or self.seq_len < 1:
@@ -126,6 +128,8 @@ class Candidate:
             "sp": self.sp,
             "checkpoint_every": self.checkpoint_every,
         }
+        if self.script:  # another program is another run
+            what["script"] = self.script
         return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
+from calibration.harness.window import RESULT_ENV, WINDOW_ENV
 from runs.jsonl import append_record, read_records
 from runs.record import Candidate, RunRecord, RunResult
 
@@ -51,6 +53,23 @@ def split_slots(gpus: list[int | None], cpus: list[int] | None = None) -> list[S
     cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
     share = max(1, len(cpus) // max(1, len(gpus)))
     return [Slot(g, tuple(cpus[i * share : (i + 1) * share]) or None) for i, g in enumerate(gpus)]
+
+
+def script_command(c: Candidate, config_path: Path, s: RunSettings) -> list[str]:
+    """The user's script with {ds_config}, {gpus}, {model} and {seq} filled in. A command that starts
+    with `python` gets torchrun's launcher for several ranks; any other brings its own (`deepspeed
+    --num_gpus {gpus} ...`). It reports through advisor.monitor.StepMeter (see `script_env`)."""
+    line = c.script.format(ds_config=shlex.quote(str(config_path)), gpus=c.gpus, model=shlex.quote(c.model),
+                           seq=c.seq_len)
+    words = shlex.split(line)
+    if words and Path(words[0]).name.startswith("python") and c.gpus > 1:
+        words = [s.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(c.gpus), *words[1:]]
+    return words
+
+
+def script_env(out_path: Path, s: RunSettings) -> dict:
+    """What advisor.monitor.StepMeter reads: where to write, and the window to measure."""
+    return {RESULT_ENV: str(out_path), **{var: str(getattr(s, name)) for name, var, _ in WINDOW_ENV}}
 
 
 def harness_command(c: Candidate, config_path: Path, out_path: Path, s: RunSettings) -> list[str]:
@@ -102,6 +121,8 @@ def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettin
     config_path.write_text(json.dumps(c.ds_config, indent=1))
     env = {**os.environ, **settings.env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_repo_root(), env.get("PYTHONPATH")) if p)
+    if c.script:
+        env.update(script_env(out_path, settings))
     if c.gpus == 1:
         env.update(single_rank_env())
     slots = slots or [Slot()]
@@ -119,8 +140,11 @@ def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettin
 
     start = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(harness_command(c, config_path, out_path, settings), stdout=log,
-                                stderr=subprocess.STDOUT, env=env, cwd=str(rundir),
+        command = script_command(c, config_path, settings) if c.script else harness_command(c, config_path, out_path,
+                                                                                             settings)
+        # A script runs where the user started the advisor, so that its relative paths hold.
+        proc = subprocess.Popen(command, stdout=log,
+                                stderr=subprocess.STDOUT, env=env, cwd=str(Path.cwd() if c.script else rundir),
                                 start_new_session=True, preexec_fn=preexec)
         try:
             proc.wait(timeout=settings.timeout_s)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -104,6 +103,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
 
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
+    from calibration.harness.window import MeasuredWindow, torch_agree
     from calibration.harness.model import Checkpointing, Transformer
     from models.architecture import load_architecture
     from models.ds_config import parse_ds_config
@@ -188,57 +188,20 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
         return loss.item()
 
     monitor = energy_monitor([local_rank] if cuda else [], sync)
-    losses, warm_s = [], 0.0
-    for _ in range(args.warmup):
-        start = time.perf_counter()
-        losses.append(step())
-        sync()
-        warm_s = time.perf_counter() - start
-    timeline.mark("warmed_up")
-    # At least --steps, and enough for a window NVML can resolve (--min-window-s). Ranks agree on
-    # the count through all-reduces, since every step holds collectives.
-    def agreed(value: float, op) -> float:
-        t = torch.tensor([value], device=device, dtype=torch.float64)
-        dist.all_reduce(t, op=op)
-        return t.item()
-
-    target = args.steps
-    if warm_s > 0:
-        target = max(args.steps, min(args.max_steps, math.ceil(args.min_window_s / agreed(warm_s, dist.ReduceOp.MAX))))
-    step_times, cpu_before = [], process_tree_cpu_s()
-    monitor.begin_window("measured")
-    window_start = time.perf_counter()
+    window = MeasuredWindow(args.warmup, args.steps, args.min_window_s, args.max_steps, monitor, sync,
+                            torch_agree(device), process_tree_cpu_s)
+    losses = []
     while True:
-        while len(step_times) < target:
-            start = time.perf_counter()
-            losses.append(step())
-            sync()
-            step_times.append(time.perf_counter() - start)
-        elapsed = agreed(time.perf_counter() - window_start, dist.ReduceOp.MIN)
-        if elapsed >= args.min_window_s or target >= args.max_steps:
-            break  # the warm-up step was slower than these: top up from the measured pace
-        pace = elapsed / len(step_times)
-        target = min(args.max_steps, len(step_times) + math.ceil((args.min_window_s - elapsed) / pace))
-    steps = len(step_times)
-    measurement = monitor.end_window("measured")
-    window_s = time.perf_counter() - window_start
-    cpu_s = process_tree_cpu_s() - cpu_before
+        losses.append(step())
+        if len(losses) == args.warmup:
+            timeline.mark("warmed_up")
+        if window.step_done():
+            break
     timeline.mark("measured")
 
     sampler.sample()
-    mine = {
-        "rank": rank,
-        "local_rank": local_rank,
-        "gpu_energy_j": measurement.gpu_energy_j,
-        "gpu_power_avg_w": measurement.gpu_power_avg_w,
-        "cpu_energy_j": measurement.cpu_energy_j if local_rank == 0 else None,
-        "cpu_energy_estimated": bool(measurement.cpu_energy_estimated),
-        "cpu_s": cpu_s,
-        "peak_alloc": torch.cuda.max_memory_allocated() if cuda else None,
-        "peak_reserved": torch.cuda.max_memory_reserved() if cuda else None,
-        "host_peak": sampler.peak_bytes,
-        "host_baseline": host_baseline,
-    }
+    mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
+                               torch.cuda.max_memory_reserved() if cuda else None, sampler.peak_bytes, host_baseline)
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     optimizer_names = (type(engine.basic_optimizer).__name__, type(engine.optimizer).__name__)
@@ -247,37 +210,14 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     if rank != 0:
         return None
 
-    def total(key):
-        values = [r[key] for r in everyone]
-        return None if any(v is None for v in values) else values
-
-    gpu = total("gpu_energy_j")
-    node_cpu = [r["cpu_energy_j"] for r in everyone if r["local_rank"] == 0]
-    step_time = window_s / steps
+    fields = window.result_fields(everyone)
     tokens = micro_batch * grad_accum * (world // sp) * args.seq
     return RunResult(
         status="ok",
-        step_time_s=step_time,
-        gpu_energy_j=sum(sum(d.values()) for d in gpu) / steps if gpu else None,
-        cpu_energy_j=sum(node_cpu) / steps if node_cpu and None not in node_cpu else None,
-        cpu_energy_estimated=any(r["cpu_energy_estimated"] for r in everyone),
-        peak_gpu_mem_gib=max(total("peak_alloc")) / GIB if cuda else None,
-        peak_gpu_reserved_gib=max(total("peak_reserved")) / GIB if cuda else None,
-        peak_host_mem_gib=sum(r["host_peak"] for r in everyone) / GIB,
-        host_mem_baseline_gib=sum(r["host_baseline"] for r in everyone) / GIB,
-        tokens_per_s=tokens / step_time,
-        warmup_steps=args.warmup,
-        measured_steps=steps,
-        window_s=window_s,
-        step_times_s=step_times,
-        gpu_energy_window_j={str(r["rank"]): sum(r["gpu_energy_j"].values()) for r in everyone} if gpu else None,
-        gpu_power_avg_w=_per_rank_power(everyone),
-        cpu_process_core_s=sum(r["cpu_s"] for r in everyone) / steps,
+        **fields,
+        tokens_per_s=tokens / fields["step_time_s"],
         loss_first=losses[0],
         loss_last=losses[-1],
-        gpu_meter=getattr(monitor, "gpu_meter_kind", "absent"),
-        cpu_meter=_cpu_meter_label(monitor, any(r["cpu_energy_estimated"] for r in everyone)),
-        world_size=world,
         cpu_threads_per_rank=torch.get_num_threads(),
         config_adjustments=adjustments,
         timeline_s=timeline.marks,
@@ -299,18 +239,6 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
             "peak_host_mem_init_gib_rank0": host_init_peak / GIB,
         },
     )
-
-
-def _cpu_meter_label(monitor, estimated: bool) -> str:
-    kind = getattr(monitor, "cpu_meter_kind", "absent")
-    basis = getattr(monitor, "cpu_estimate_basis", None)
-    return f"{kind}; {basis}" if estimated and basis else kind
-
-
-def _per_rank_power(everyone: list[dict]) -> dict[str, float] | None:
-    if any(not r["gpu_power_avg_w"] for r in everyone):
-        return None
-    return {str(r["rank"]): sum(r["gpu_power_avg_w"].values()) for r in everyone}
 
 
 def classify_failure(exc: BaseException) -> str:

@@ -149,7 +149,7 @@ def test_recommend_json_front_is_feasible_and_holds_the_pick(tmp_path):
     assert out["recommended"]["run_time_s"] <= fastest * 1.10 * (1 + 1e-9)
     assert json.loads(ds_path.read_text()) == out["ds_config"]
     assert out["ds_config"]["train_micro_batch_size_per_gpu"] == out["recommended"]["strategy"]["micro_batch"]
-    assert out["launch"]["deepspeed"].startswith("deepspeed --num_gpus 4 ")
+    assert out["launch"]["deepspeed"].startswith("OMP_NUM_THREADS=72 deepspeed --num_gpus 4 ")  # 288 cores / 4 ranks
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -10,7 +10,6 @@ from synthetic import synthetic_records, write_jsonl
 from advisor.cli import main
 from models.fit import fitted_run_ids
 from models.profile import load_profile
-from models.residual import ResidualModel
 
 
 def run(*args):
@@ -56,17 +55,22 @@ def test_fit_writes_a_fitted_profile_and_reports_leave_one_out(files, fitted):
     assert families["all"]["n"] == 9 and families["all"]["step_time"]["mape"] is not None
     assert sum(f["n"] for name, f in families.items() if name != "all") == 9
     assert {t["verdict"] for t in loo["targets"]} <= {"PASS", "MISS", "n/a"}
+    # the band the held-out errors give, beside the profile, for that very profile
+    from models.band import load_band
+
+    band, why = load_band(folder / "fitted.json", profile.to_json())
+    assert band is not None, why
+    assert band.step_time_s.runs == 9 and 0.0 <= band.step_time_s.loo_coverage <= 1.0
+    assert band.step_time_s.low_log <= band.step_time_s.high_log
+    assert fitted["band"]["level"] == 0.9
 
 
 def test_fit_prints_tables(files):
     folder, _ = files
     result = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json",
-                 "--out", folder / "again.json", "--no-loo", "--prior-strength", "0.001",
-                 "--residual-out", folder / "residual.json")
+                 "--out", folder / "again.json", "--no-loo", "--prior-strength", "0.001")
     assert result.exit_code == 0, result.output
-    saved = json.loads((folder / "residual.json").read_text())
-    assert len(saved["run_ids"]) == 9
-    ResidualModel.from_dict(saved["models"]["step_time_s"])  # loads back
+    assert not (folder / "again.band.json").exists()  # no held-out errors, no band
     assert "9 runs used; failed, not used: 1 crash, 1 oom, 1 timeout" in result.output
     assert "overheads.compute_efficiency" in result.output and "Accuracy" not in result.output
 

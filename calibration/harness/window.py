@@ -1,0 +1,143 @@
+"""The measured window of a training run, shared by the built-in harness and a user's own script
+(`advisor.monitor.StepMeter`): warm-up steps, then at least `steps` optimizer steps and at least
+`min_window_s` seconds (NVML's energy counter ticks every ~100 ms), at most `max_steps`.
+
+Every rank calls `step_done()` after each optimizer step. The ranks agree on when the window ends
+(one all-reduce per decision, only at the step count where it may end), since every step holds
+collectives and a rank that stopped alone would hang the others. Then `rank_summary()` is one
+rank's measurements, and `result_fields()` combines every rank's into `runs.record.RunResult` fields.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+GIB = 2**30
+# How a run tells a user script's `advisor.monitor.StepMeter` where to write its result and what
+# window to measure: environment variables, (setting, variable, default).
+RESULT_ENV = "ADVISOR_RESULT"
+WINDOW_ENV = (("warmup", "ADVISOR_WARMUP", 2), ("steps", "ADVISOR_STEPS", 3),
+              ("min_window_s", "ADVISOR_MIN_WINDOW_S", 1.0), ("max_steps", "ADVISOR_MAX_STEPS", 50))
+
+
+class MeasuredWindow:
+    """Create it right before the first step; call `step_done()` after each step until it says True.
+
+    `agree(value, "max" | "min")` reduces a number over the ranks (identity on one rank); `sync`
+    waits for the GPU; `monitor` is a `calibration.meters.EnergyMonitor` (or stands in for one)."""
+
+    def __init__(self, warmup: int, steps: int, min_window_s: float, max_steps: int, monitor,
+                 sync: Callable[[], None], agree: Callable[[float, str], float], cpu_seconds: Callable[[], float]):
+        self.warmup, self.steps, self.min_window_s, self.max_steps = warmup, steps, min_window_s, max_steps
+        self.monitor, self.sync, self.agree, self.cpu_seconds = monitor, sync, agree, cpu_seconds
+        self.warmup_done = 0
+        self.step_times_s: list[float] = []
+        self.target = steps
+        self.measurement = None
+        self.window_s = self.cpu_s = None
+        if warmup == 0:
+            self._begin(None)
+        self._last = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.measurement is not None
+
+    def step_done(self) -> bool:
+        """After each optimizer step; True once the window is measured (call no more)."""
+        self.sync()
+        now = time.perf_counter()
+        took, self._last = now - self._last, now
+        if self.warmup_done < self.warmup:
+            self.warmup_done += 1
+            if self.warmup_done == self.warmup:
+                self._begin(took)
+            return False
+        self.step_times_s.append(took)
+        if len(self.step_times_s) < self.target:
+            return False
+        elapsed = self.agree(now - self._start, "min")
+        if elapsed >= self.min_window_s or self.target >= self.max_steps:
+            self._end(now)
+            return True
+        pace = elapsed / len(self.step_times_s)  # the warm-up step was slower than these: top up
+        self.target = min(self.max_steps, len(self.step_times_s) + math.ceil((self.min_window_s - elapsed) / pace))
+        return False
+
+    def _begin(self, last_warmup_s: float | None) -> None:
+        if last_warmup_s:
+            slowest = self.agree(last_warmup_s, "max")
+            self.target = max(self.steps, min(self.max_steps, math.ceil(self.min_window_s / slowest)))
+        self._cpu_before = self.cpu_seconds()
+        self.monitor.begin_window("measured")
+        self._start = time.perf_counter()
+
+    def _end(self, now: float) -> None:
+        self.measurement = self.monitor.end_window("measured")
+        self.window_s = now - self._start
+        self.cpu_s = self.cpu_seconds() - self._cpu_before
+
+    def rank_summary(self, rank: int, local_rank: int, peak_alloc: int | None, peak_reserved: int | None,
+                     host_peak: int, host_baseline: int | None) -> dict:
+        """This rank's measurements, to be gathered on rank 0. Host CPU energy is taken on local
+        rank 0 only: its sensor (or estimate) covers the whole host."""
+        m = self.measurement
+        return {"rank": rank, "local_rank": local_rank, "gpu_energy_j": m.gpu_energy_j,
+                "gpu_power_avg_w": m.gpu_power_avg_w, "cpu_energy_j": m.cpu_energy_j if local_rank == 0 else None,
+                "cpu_energy_estimated": bool(m.cpu_energy_estimated), "cpu_s": self.cpu_s,
+                "peak_alloc": peak_alloc, "peak_reserved": peak_reserved, "host_peak": host_peak,
+                "host_baseline": host_baseline}
+
+    def result_fields(self, everyone: list[dict]) -> dict:
+        """`RunResult` fields from every rank's `rank_summary`: per-step averages over the window,
+        energies summed over ranks, memory peaks the largest over ranks."""
+        steps = len(self.step_times_s)
+
+        def each(key):
+            values = [r[key] for r in everyone]
+            return None if any(v is None for v in values) else values
+
+        gpu = each("gpu_energy_j")
+        node_cpu = [r["cpu_energy_j"] for r in everyone if r["local_rank"] == 0]
+        estimated = any(r["cpu_energy_estimated"] for r in everyone)
+        kind = getattr(self.monitor, "cpu_meter_kind", "absent")
+        basis = getattr(self.monitor, "cpu_estimate_basis", None)
+        power = None if any(not r["gpu_power_avg_w"] for r in everyone) else {
+            str(r["rank"]): sum(r["gpu_power_avg_w"].values()) for r in everyone}
+        baselines = each("host_baseline")
+        return {
+            "step_time_s": self.window_s / steps,
+            "gpu_energy_j": sum(sum(d.values()) for d in gpu) / steps if gpu else None,
+            "cpu_energy_j": sum(node_cpu) / steps if node_cpu and None not in node_cpu else None,
+            "cpu_energy_estimated": estimated,
+            "peak_gpu_mem_gib": max(each("peak_alloc")) / GIB if each("peak_alloc") else None,
+            "peak_gpu_reserved_gib": max(each("peak_reserved")) / GIB if each("peak_reserved") else None,
+            "peak_host_mem_gib": sum(r["host_peak"] for r in everyone) / GIB,
+            "host_mem_baseline_gib": sum(baselines) / GIB if baselines else None,
+            "warmup_steps": self.warmup,
+            "measured_steps": steps,
+            "window_s": self.window_s,
+            "step_times_s": list(self.step_times_s),
+            "gpu_energy_window_j": {str(r["rank"]): sum(r["gpu_energy_j"].values()) for r in everyone} if gpu else None,
+            "gpu_power_avg_w": power,
+            "cpu_process_core_s": sum(r["cpu_s"] for r in everyone) / steps,
+            "gpu_meter": getattr(self.monitor, "gpu_meter_kind", "absent"),
+            "cpu_meter": f"{kind}; {basis}" if estimated and basis else kind,
+            "world_size": len(everyone),
+        }
+
+
+def torch_agree(device) -> Callable[[float, str], float]:
+    """Reduce a number over the ranks of torch.distributed (identity when it is not running)."""
+    import torch
+    import torch.distributed as dist
+
+    def agree(value: float, op: str) -> float:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return value
+        t = torch.tensor([value], device=device, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN)
+        return t.item()
+
+    return agree

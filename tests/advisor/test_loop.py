@@ -1,0 +1,149 @@
+"""The closed loop: which candidates it measures, how it picks by measurement, and the whole loop
+on the CPU (the built-in model, and a script of one's own through advisor.monitor.StepMeter)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.loop import Chosen, Measured, choose, measured_pick
+from advisor.search import exhaustive_search
+from models.band import Band
+from runs.record import Candidate, RunRecord, RunResult
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def band(time_log: float, energy_log: float) -> Band:
+    """A band of +-log on each metric, around any prediction."""
+    residuals = {"step_time_s": [-time_log, time_log] * 20, "gpu_energy_j": [-energy_log, energy_log] * 20}
+    return Band.from_residuals(residuals, "{}", source="test")
+
+
+def labels(result, chosen):
+    return [result.candidates.strategies[c.index].label() for c in chosen]
+
+
+def test_the_pick_the_fastest_then_the_tied_then_the_families(tiny_problem):
+    """On the hand model (tests/advisor/conftest): within 60% the least energy is C (2.3 s, 1300 J),
+    the fastest A (1.5 s, 1500 J). With a 20% band on both, every feasible point is tied with C."""
+    result = exhaustive_search(tiny_problem, "energy", 0.60)
+    chosen = choose(result, band(0.2, 0.2), "energy", 0.60, k=10)
+    assert labels(result, chosen)[:2] == ["z3 off-opt sp1 mb1 ga2 4gpu", "z3 ckpt sp1 mb2 ga1 4gpu"]
+    assert [c.why for c in chosen[:2]] == ["the model's pick", "the fastest: its measured time sets the slowdown limit"]
+    assert len(chosen) == 5 and len(set(labels(result, chosen))) == 5  # the five feasible points, once each
+    assert all(result.candidates.feasible[c.index] for c in chosen)
+    tied = [c for c in chosen if c.why.startswith("tied")]
+    energies = [result.candidates.run_energy_j[c.index] for c in tied]
+    assert energies == sorted(energies)  # the closest to the pick first
+    assert len(choose(result, band(0.2, 0.2), "energy", 0.60, k=3)) == 3
+
+
+def test_without_overlapping_bands_only_the_pick_the_fastest_and_the_families(tiny_problem):
+    result = exhaustive_search(tiny_problem, "energy", 0.60)
+    chosen = choose(result, band(0.01, 0.01), "energy", 0.60, k=10)
+    assert not [c for c in chosen if c.why.startswith("tied")]
+    assert {c.why.split(" (")[0] for c in chosen[2:]} <= {"best of its family"}
+    # a candidate that cannot keep the slowdown limit, even with the band's help, is not measured
+    strict = exhaustive_search(tiny_problem, "energy", 0.10)
+    slow = choose(strict, band(0.01, 0.01), "energy", 0.10, k=10)
+    times = [strict.candidates.run_time_s[c.index] for c in slow]
+    assert max(times) <= min(strict.candidates.run_time_s[strict.candidates.feasible]) * 1.1 * 1.03
+    assert len(slow) == 1  # A, the pick and the fastest: B is 13% slower and C 53%
+
+
+def measured(label: str, time_s: float | None, gpu_j: float | None, status: str = "ok", grad_accum: int = 1) -> Measured:
+    c = Candidate(model="m", seq_len=1000, ds_config={"label": label}, label=label,
+                  strategy={"micro_batch": 1, "gpus": 2, "sp": 1, "grad_accum": grad_accum})
+    r = RunResult(status=status, step_time_s=time_s, gpu_energy_j=gpu_j, cpu_energy_j=10.0 if gpu_j else None)
+    return Measured(Chosen(0, label), RunRecord.now(c, r))
+
+
+def test_the_least_measured_energy_within_the_slowdown_of_the_fastest_measured():
+    runs = [measured("pick", 1.05, 1000.0), measured("fast", 1.0, 1100.0), measured("frugal", 1.5, 700.0),
+            measured("tied", 1.08, 950.0), measured("broken", None, None, status="oom")]
+    v = measured_pick(runs, "energy", 0.10)
+    assert runs[v.measured_pick].chosen.why == "tied" and v.by == "energy"  # "frugal" is 50% slower: out
+    assert v.regret[0] == pytest.approx(1010 / 960 - 1) and 4 not in v.regret
+    assert runs[measured_pick(runs, "energy", 0.60).measured_pick].chosen.why == "frugal"
+    assert runs[measured_pick(runs, "time", 0.10).measured_pick].chosen.why == "fast"
+
+
+def test_figures_are_per_token_so_a_bigger_step_is_not_penalised():
+    runs = [measured("one", 1.0, 1000.0), measured("two", 1.9, 1800.0, grad_accum=2)]  # twice the tokens a step
+    assert runs[measured_pick(runs, "energy", 0.10).measured_pick].chosen.why == "two"
+
+
+def test_without_gpu_energy_the_pick_is_by_time_and_says_so():
+    runs = [measured("a", 1.0, None), measured("b", 0.9, None)]
+    v = measured_pick(runs, "energy", 0.10)
+    assert v.by == "time" and "not measured" in v.note and runs[v.measured_pick].chosen.why == "b"
+    assert measured_pick([measured("x", None, None, status="crash")], "energy", 0.1).measured_pick is None
+
+
+def advisor(*args, cwd, env):
+    return subprocess.run([sys.executable, "-m", "advisor.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900)
+
+
+@pytest.fixture
+def cpu_env(tmp_path):
+    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+
+
+@pytest.mark.slow
+def test_the_loop_measures_picks_and_refits_on_the_cpu(tmp_path, cpu_env):
+    base = tmp_path / "mine.json"  # a profile no run was fitted to: the refit sees only this loop's runs
+    from models.fit import prefit_profile
+    from models.profile import load_profile
+
+    base.write_text(prefit_profile(load_profile("h200")).to_json())
+    args = ["recommend", "--model", "tiny-cpu", "--seq", "256", "--global-batch", "4", "--profile", str(base),
+            "--search", "exhaustive", "--validate", "2", "--workdir", str(tmp_path / "work"),
+            "--out-ds-config", str(tmp_path / "pick.json"), "--json"]
+    done = advisor(*args, "--refit", cwd=tmp_path, env=cpu_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    loop = out["validation"]
+    assert [c["status"] for c in loop["candidates"]] == ["ok", "ok"]
+    assert all(c["measured"]["step_time_s"] > 0 and c["measured"]["gpu_energy_j"] is None for c in loop["candidates"])
+    assert loop["picked_by"] == "time" and loop["measured_pick"] == out["recommended"]["label"]
+    assert json.loads((tmp_path / "pick.json").read_text()) == out["ds_config"]
+    assert out["ds_config"]["train_micro_batch_size_per_gpu"] == out["recommended"]["strategy"]["micro_batch"]
+    assert Path(loop["refit_profile"]).exists() and Path(loop["refit_profile"]).parent == tmp_path
+    assert base.read_text() == prefit_profile(load_profile("h200")).to_json()  # never written over
+    # the plan is what each run was predicted with, before it ran
+    stored = [json.loads(x) for x in (tmp_path / "work" / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["prediction"]["step_time_s"] for r in stored) == sorted(
+        c["step_time_s"] for c in loop["candidates"])
+
+    again = advisor(*args, cwd=tmp_path, env=cpu_env)  # resumed: nothing runs again
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[ok]" not in again.stderr
+    assert json.loads(again.stdout)["validation"]["measured_pick"] == loop["measured_pick"]
+
+
+@pytest.mark.slow
+def test_the_loop_measures_a_script_of_ones_own_through_the_step_meter(tmp_path, cpu_env):
+    script = f"{sys.executable} {REPO / 'examples/train.py'} --model {{model}} --seq {{seq}} --deepspeed_config {{ds_config}}"
+    done = advisor("recommend", "--model", "tiny-cpu", "--seq", "256", "--global-batch", "4", "--profile", "h200",
+                   "--search", "exhaustive", "--validate", "1", "--workdir", str(tmp_path / "work"), "--script",
+                   script, "--json", cwd=tmp_path, env=cpu_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (candidate,) = json.loads(done.stdout)["validation"]["candidates"]
+    assert candidate["status"] == "ok", candidate["reason"]
+    result = candidate["result"]
+    assert result["measured_steps"] >= 3 and result["warmup_steps"] == 2 and result["gpu_meter"].startswith("absent")
+    assert result["world_size"] == candidate["strategy"]["gpus"]
+    assert result["cpu_threads_per_rank"] >= 1
+
+
+def test_a_step_meter_outside_the_advisor_measures_nothing_and_imports_nothing(monkeypatch):
+    monkeypatch.delenv("ADVISOR_RESULT", raising=False)
+    code = ("import sys; from advisor.monitor import StepMeter; m = StepMeter.from_env(); "
+            "assert not m.active and m.step() is False; assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(REPO)})

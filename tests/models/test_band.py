@@ -1,0 +1,42 @@
+"""The prediction band: conformal order statistics of held-out log ratios, checked leave-one-out."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from models.band import Band, BandError, band_path, conformal_bounds, coverage, load_band
+
+
+def test_bounds_are_order_statistics_with_the_finite_sample_rank():
+    r = np.arange(1.0, 20.0)  # 19 ratios: rank ceil(20 * 0.95) = 19 -> the extremes
+    assert conformal_bounds(r, 0.9) == (1.0, 19.0)
+    r = np.arange(1.0, 40.0)  # 39: rank ceil(40 * 0.95) = 38 -> second from each end
+    assert conformal_bounds(r, 0.9) == (2.0, 38.0)
+    assert conformal_bounds([0.1, 0.2], 0.9) == (-math.inf, math.inf)  # too few runs to claim 90%
+
+
+def test_the_band_holds_its_level_on_runs_it_did_not_see():
+    rng = np.random.default_rng(0)
+    ratios = rng.normal(0.0, 0.08, 2000)
+    low, high = conformal_bounds(ratios[:200], 0.9)
+    new = ratios[200:]
+    assert 0.86 <= np.mean((new >= low) & (new <= high)) <= 0.96
+    assert 0.86 <= coverage(ratios[:200], 0.9) <= 0.96
+
+
+def test_a_band_is_used_only_with_the_profile_it_was_fitted_with(tmp_path):
+    band = Band.from_residuals({"step_time_s": [-0.1, 0.0, 0.1] * 10, "gpu_energy_j": [-0.05, 0.05] * 10},
+                               '{"profile": 1}', source="test")
+    profile = tmp_path / "mine.json"
+    band_path(profile).write_text(band.to_json())
+    loaded, why = load_band(profile, '{"profile": 1}')
+    assert loaded == band and why == ""
+    low, high = loaded.step_time_s.around(2.0)
+    assert low == pytest.approx(2.0 * math.exp(-0.1)) and high == pytest.approx(2.0 * math.exp(0.1))
+    assert load_band(profile, '{"profile": 2}')[0] is None
+    assert "no band" in load_band(tmp_path / "other.json", "{}")[1]
+    band_path(profile).write_text("{}")
+    with pytest.raises(BandError, match="not a prediction band"):
+        load_band(profile, '{"profile": 1}')
