@@ -143,16 +143,20 @@ class HostSpec(_Strict):
         """What the advisor's launch lines set: the cores shared evenly by the node's ranks."""
         return np.maximum(1, self.cores.value // np.maximum(np.asarray(ranks_per_node), 1))
 
-    def cpu_adam_per_rank(self, threads, gpus_per_node) -> np.ndarray:
-        """Params/s of one rank's CPU optimizer on `threads` threads, from the measured curve. Without
-        one: the all-core rate's share per thread, up to one GPU's share of the node's cores and no
-        further (memory bandwidth, and on GH200 the GPU's own Grace, bound it). A thread is assumed
-        to have a core of its own: more threads than cores on a node are not modelled (the CLI warns)."""
+    def cpu_adam_per_rank(self, threads, ranks_per_node, gpus_per_node) -> np.ndarray:
+        """Params/s of one rank's CPU optimizer on `threads` threads while `ranks_per_node` ranks step
+        at once. Two bounds: what its threads compute (the measured curve; without one, the all-core
+        rate's share per thread, up to one GPU's share of the node's cores), and the host's memory
+        bandwidth, which the node's ranks share (CPUAdam is memory-bound: on the 4-GPU H200 node, 4
+        ranks of 16 threads stepped at the 2-GPU host's all-core rate over 4, not over 2). A thread
+        is assumed to have a core of its own: more threads than cores are not modelled (the CLI warns)."""
         threads = np.maximum(np.asarray(threads, dtype=float), 1.0)
         if self.cpu_adam_threads is not None:
-            return self.cpu_adam_threads(threads)
-        share = self.cores.value / max(float(gpus_per_node), 1.0)
-        return self.cpu_adam.value * np.minimum(threads, share) / self.cores.value
+            compute = self.cpu_adam_threads(threads)
+        else:
+            share = self.cores.value / max(float(gpus_per_node), 1.0)
+            compute = self.cpu_adam.value * np.minimum(threads, share) / self.cores.value
+        return np.minimum(compute, self.cpu_adam.value / np.maximum(np.asarray(ranks_per_node, dtype=float), 1.0))
 
 
 class CollectiveAtSize(_Strict):

@@ -280,7 +280,8 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     opt_gpu = GPU_ADAM_BYTES_PER_PARAM * (1 - r) * p_rank / hbm
     threads = cpu_threads(b, profile)
     per_node = profile.gpus_per_node.value
-    cpu_rate = profile.host.cpu_adam_per_rank(threads, per_node)
+    ranks = np.minimum(b.gpus, b.gpus_per_node)
+    cpu_rate = profile.host.cpu_adam_per_rank(threads, ranks, per_node)
     cpu_busy = r * p_rank / cpu_rate
     # SuperOffload steps each sub-group on the CPU as soon as its gradients are complete in
     # the last backward; all but the last sub-group's step can hide behind that backward.
@@ -295,10 +296,12 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     offload_per_gparam = np.where(b.super_offload, ov.super_offload_step_per_gparam.value,
                                   ov.offload_step_per_gparam.value)
     # DeepSpeed's host-side offload work (gradient norm and clipping, casts, copies into pinned
-    # buffers) is torch CPU code on the rank's threads too: it is taken to speed up with threads as
-    # CPUAdam does, from the threads the overheads were fitted at (the profile's default per rank).
+    # buffers) is torch CPU code on the rank's threads too, and memory-bound like CPUAdam: it is taken
+    # to scale as CPUAdam's rate does, from where the overheads were fitted (a full node, the
+    # profile's default threads per rank).
     fitted_threads = profile.host.default_threads_per_rank(per_node)
-    offload_per_gparam = offload_per_gparam * profile.host.cpu_adam_per_rank(fitted_threads, per_node) / cpu_rate
+    offload_per_gparam = (offload_per_gparam * profile.host.cpu_adam_per_rank(fitted_threads, per_node, per_node)
+                          / cpu_rate)
     overhead = ov.step.value + ga * ov.micro_step.value + np.where(opt_off, offload_per_gparam * r * p_rank / 1e9, 0.0)
     # The host issues each layer's work asynchronously; when a micro-step's GPU work is
     # shorter than the host's issue time, the GPU waits for the host (small models, short

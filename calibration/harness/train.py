@@ -101,6 +101,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     import torch
     from deepspeed import comm as dist
 
+    from calibration.harness import memory_trace
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
     from calibration.harness.window import MeasuredWindow, torch_agree
@@ -187,6 +188,10 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
             engine.step()
         return loss.item()
 
+    traced = cuda and rank == 0 and memory_trace.wanted()
+    if traced:
+        trace_baseline = memory_trace.start()
+        adjustments.append("GPU allocations recorded (ADVISOR_MEMORY_TRACE): steps carry the recording's cost")
     monitor = energy_monitor([local_rank] if cuda else [], sync)
     window = MeasuredWindow(args.warmup, args.steps, args.min_window_s, args.max_steps, monitor, sync,
                             torch_agree(device), process_tree_cpu_s)
@@ -198,6 +203,8 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
         if window.step_done():
             break
     timeline.mark("measured")
+    if traced:
+        memory_trace.write_summary("memory_trace.json", trace_baseline)
 
     sampler.sample()
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,

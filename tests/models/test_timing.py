@@ -289,3 +289,14 @@ def test_collectives_use_the_bandwidth_measured_for_their_group_size(gh200):
     assert at(8) == pytest.approx(60e-6 + 0.875 * 2**30 / (400e9 * eff))
     assert at(4) == pytest.approx(45e-6 + 0.75 * 2**30 / (300e9 * eff))  # halfway in log2
     assert at(16) == pytest.approx(60e-6 + (15 / 16) * 2**30 / (400e9 * eff))  # held beyond the range
+
+
+def test_ranks_of_a_node_share_its_memory_bandwidth_for_the_cpu_optimizer():
+    """CPUAdam is memory-bound: 4 ranks of 16 threads step at the all-core rate over 4 however fast
+    16 threads are alone (on the 4-GPU H200 node that took 7B's ZeRO-2 offload step from -45% to -15%)."""
+    profile = profile_with({"host.cpu_adam_threads": THREADS_CURVE, "host.cores": 64.0, "gpus_per_node": 4.0,
+                            "host.cpu_adam": 4e9})
+    four = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=16)
+    one = Strategy(gpus=1, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=16)
+    assert _phases(four, profile)["cpu_optimizer"] == pytest.approx(P7 / 4 / (4e9 / 4))  # the shared ceiling
+    assert _phases(one, profile)["cpu_optimizer"] == pytest.approx(P7 / 2e9)  # its threads bound it alone

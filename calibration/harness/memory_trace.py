@@ -1,0 +1,80 @@
+"""What a run holds at its GPU memory peak: torch's allocation history, replayed to the peak, the
+live allocations grouped by the line of code that made them.
+
+Set ADVISOR_MEMORY_TRACE=1 for a harness run: rank 0 records its allocations from the first
+training step on and writes `memory_trace.json` into the run's folder. The summary, not the
+snapshot (hundreds of MB), is what travels: the peak, what was allocated before the recording
+began, and the 30 largest sites alive at the peak.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ENV = "ADVISOR_MEMORY_TRACE"
+MAX_EVENTS = 3_000_000
+TOP_SITES = 30
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+def start() -> int:
+    """Begin recording; returns the bytes already allocated (model states, buffers)."""
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=MAX_EVENTS, stacks="python")
+    return torch.cuda.memory_allocated()
+
+
+def _site(frames: list[dict]) -> str:
+    """The innermost frame outside torch's own files: the line that asked for the memory."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "/torch/" not in name and "<" not in name:
+            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
+    return "torch internals"
+
+
+def peak_summary(events: list[dict], baseline: int) -> dict:
+    """Replay alloc / free events from `baseline` bytes; the live allocations at the largest total."""
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = baseline
+    preexisting_freed = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for e in events:
+        action, addr, size = e.get("action"), e.get("addr"), e.get("size", 0)
+        if action == "alloc":
+            live[addr] = (size, _site(e.get("frames", [])))
+            total += size
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif action == "free_completed":
+            if addr in live:
+                total -= live.pop(addr)[0]
+            else:
+                total -= size
+                preexisting_freed += size
+    sites: dict[str, list[int]] = {}
+    for size, site in at_peak.values():
+        entry = sites.setdefault(site, [0, 0])
+        entry[0] += size
+        entry[1] += 1
+    top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:TOP_SITES]
+    return {"peak_bytes": peak, "baseline_bytes": baseline, "preexisting_freed_bytes": preexisting_freed,
+            "events": len(events),
+            "sites_at_peak": [{"site": s, "bytes": b, "count": n} for s, (b, n) in top]}
+
+
+def write_summary(path: str | Path, baseline: int) -> None:
+    """Stop recording and write the summary of the recorded peak."""
+    import torch
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = snapshot["device_traces"][torch.cuda.current_device()]
+    summary = peak_summary(events, baseline)
+    summary["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    Path(path).write_text(json.dumps(summary, indent=1))

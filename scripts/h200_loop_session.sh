@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call on a lent 2x H200 machine (issues #12 and #13): the CPU optimizer against its
+# thread count, sweeps of real runs (predicted first, the predictions committed before the call),
+# and closed loops (recommend --validate), each step under the call's budget. State lives in
+# /tmp/state, so a second call on the warm machine goes on from there; everything comes back as
+# one archive.
+#   bash scripts/h200_loop_session.sh BUDGET_S STEP [STEP ...]
+# Steps: threads (calibrate CPUAdam at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
+# traced for memory when its name has "memory"), loop:NAME (recommend --validate with the arguments
+# in data/sweeps/NAME.args, one per line).
+set -u
+budget=$1; shift
+end=$(( $(date +%s) + budget ))
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DS_SKIP_CUDA_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
+{ date -u; nproc; free -g | head -2; nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu,power.draw --format=csv; nvidia-smi topo -m;
+  python3 -c 'import torch, deepspeed, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count()); print("deepspeed", deepspeed.__version__)'; } > "$STATE/machine.txt" 2>&1
+head -n 4 "$STATE/machine.txt"
+left() { echo $(( end - $(date +%s) - 40 )); }
+for step in "$@"; do
+  [ "$(left)" -gt 60 ] || { echo "skipped $step: the budget is spent"; continue; }
+  case $step in
+    threads)
+      [ -f "$STATE/threads.done" ] && continue
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only cpu_adam --only cpu_adam_threads \
+        --fill-from data/profiles/h200.json --out "$STATE/h200-threads.json" 2>&1 | tail -n 12 \
+        && [ -f "$STATE/h200-threads.json" ] && touch "$STATE/threads.done" ;;
+    sweep:*)
+      sweep=${step#sweep:}; name=$(basename "$sweep" .jsonl)
+      trace=0; case $name in *memory*) trace=1 ;; esac
+      ADVISOR_MEMORY_TRACE=$trace python3 -m advisor.cli validate --sweep "$sweep" --profile h200 \
+        --store "$STATE/runs.db" --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/$name" --budget "$(left)" \
+        --timeout 300 2>&1 | tail -n 30 ;;
+    loop:*)
+      name=${step#loop:}
+      mapfile -t args < "data/sweeps/$name.args"
+      python3 -m advisor.cli recommend "${args[@]}" --profile h200 --store "$STATE/runs.db" \
+        --workdir "$STATE/$name" --budget "$(left)" --json > "$STATE/$name.json" 2> "$STATE/$name.log"
+      tail -n 12 "$STATE/$name.log" ;;
+  esac
+done
+find "$STATE" -name memory_trace.json | while read -r f; do cp "$f" "$STATE/trace-$(basename "$(dirname "$f")").json"; done
+tar czf "$OUT/state.tgz" -C "$STATE" --exclude='*.db-wal' --exclude='*.db-shm' . 2>/dev/null
+cp "$STATE/machine.txt" "$OUT/"
+ls -la "$OUT"

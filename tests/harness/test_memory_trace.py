@@ -1,0 +1,21 @@
+"""The memory trace's replay: what is alive at the largest total, grouped by the line that allocated it."""
+from calibration.harness.memory_trace import peak_summary
+
+MODEL = [{"filename": "/x/lib/torch/nn/functional.py", "line": 1, "name": "linear"},
+         {"filename": "/repo/calibration/harness/model.py", "line": 99, "name": "forward"}]
+LOSS = [{"filename": "/repo/calibration/harness/model.py", "line": 250, "name": "forward"}]
+
+
+def test_the_peak_and_who_holds_it():
+    events = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": MODEL},
+        {"action": "alloc", "addr": 2, "size": 300, "frames": LOSS},
+        {"action": "alloc", "addr": 3, "size": 50, "frames": MODEL},   # peak: 1000 + 450
+        {"action": "free_completed", "addr": 2, "size": 300},
+        {"action": "free_completed", "addr": 77, "size": 200},         # allocated before the recording
+        {"action": "alloc", "addr": 4, "size": 400, "frames": LOSS},   # 1000 - 200 + 150 + 400 = 1350 < 1450
+    ]
+    s = peak_summary(events, baseline=1000)
+    assert s["peak_bytes"] == 1450 and s["preexisting_freed_bytes"] == 200
+    assert s["sites_at_peak"] == [{"site": "model.py:250 forward", "bytes": 300, "count": 1},
+                                  {"site": "model.py:99 forward", "bytes": 150, "count": 2}]
