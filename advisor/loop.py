@@ -65,11 +65,19 @@ def choose(result: SearchResult, band: Band | None, objective: str, max_slowdown
     out = [Chosen(pick, "the model's pick")]
     if t[pick] > t[fastest] * (1 + 1e-3):
         out.append(Chosen(fastest, "the fastest: its measured time sets the slowdown limit"))
-    out += [Chosen(i, "tied with the pick: their bands overlap") for i in tied]
+    why_tied = "tied with the pick: their bands overlap"
+    # Tied strategies of another kind first (ZeRO stage, offload, checkpointing, sp, micro-batch):
+    # a variant of a measured one (overlap_comm alone, say) teaches least, so it waits its turn.
+    kinds = {_kind(c.strategies[ch.index]) for ch in out}
+    for i in tied:
+        if _kind(c.strategies[i]) not in kinds:
+            kinds.add(_kind(c.strategies[i]))
+            out.append(Chosen(i, why_tied))
     eligible_set = set(eligible)
     for a in sorted(alternatives(result, objective, max_slowdown), key=lambda a: value[a.index]):
         if a.index in eligible_set:
             out.append(Chosen(a.index, f"best of its family ({a.family})"))
+    out += [Chosen(i, why_tied) for i in tied]
     seen, unique = set(), []
     for chosen in out:
         strategy = c.strategies[chosen.index]
@@ -77,6 +85,12 @@ def choose(result: SearchResult, band: Band | None, objective: str, max_slowdown
             seen.add(strategy)
             unique.append(chosen)
     return unique[:k]
+
+
+def _kind(s) -> tuple:
+    """What makes two strategies different kinds of layout (not bucket sizes or overlap_comm)."""
+    return (s.gpus, s.zero_stage, s.offload_optimizer, s.offload_ratio, s.super_offload, s.offload_param,
+            s.checkpoint_every, s.cpu_checkpointing, s.sp, s.micro_batch)
 
 
 @dataclass(frozen=True)
