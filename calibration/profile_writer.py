@@ -373,8 +373,10 @@ class ProfileBuilder:
         unfilled = []
         for key, value in node.items():
             where = f"{path}.{key}" if path else key
+            if key == "provenance":
+                continue  # this calibration's own, never another's
             if value is None:
-                if isinstance(ref, dict) and ref.get(key) is not None:
+                if isinstance(ref, dict) and isinstance(ref.get(key), dict):
                     node[key] = relabel(ref[key], f"from profile '{self.ref.name}' (not measured in this calibration): ")
                 else:
                     unfilled.append(where)
