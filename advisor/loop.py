@@ -88,8 +88,10 @@ def choose(result: SearchResult, band: Band | None, objective: str, max_slowdown
 
 
 def _kind(s) -> tuple:
-    """What makes two strategies different kinds of layout (not bucket sizes or overlap_comm)."""
-    return (s.gpus, s.zero_stage, s.offload_optimizer, s.offload_ratio, s.super_offload, s.offload_param,
+    """What makes two strategies different kinds of layout (not bucket sizes or overlap_comm; nor
+    ZeRO-1 against ZeRO-2 with one data-parallel rank, where neither has anything to partition)."""
+    stage = 1 if s.dp == 1 and s.zero_stage == 2 else s.zero_stage
+    return (s.gpus, stage, s.offload_optimizer, s.offload_ratio, s.super_offload, s.offload_param,
             s.checkpoint_every, s.cpu_checkpointing, s.sp, s.micro_batch)
 
 
