@@ -18,7 +18,7 @@ from scipy.stats import spearmanr
 
 from models.fit import MeasuredRun, RunEvaluator
 from models.profile import HardwareProfile
-from models.validation import HeldOutPrediction
+from models.held_out import HeldOutPrediction
 
 @dataclass(frozen=True)
 class Compared:

@@ -25,12 +25,9 @@ from advisor.inputs import (
     parse_sequences,
     writable_path,
 )
+from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE
 
 DEFAULT_TOKENS = "1B"
-# Optuna trials: enough that the pick lands within 1% of the exhaustive optimum in the
-# benchmark scenarios (benchmarks/bench_advisor.py); a searched GPU count doubles the space's reach.
-DEFAULT_TRIALS = 600
-DEFAULT_TRIALS_GPU_RANGE = 1200
 LAZY_COMMANDS = {
     "calibrate": "advisor.cmd_calibrate:calibrate",
     "wheelhouse": "advisor.cmd_calibrate:wheelhouse",

@@ -11,7 +11,7 @@ from advisor.accuracy import AccuracyReport, accuracy_report, compare_held_out
 from models.band import Band
 from models.fit import MeasuredRun, ProfileFit, prefit_profile
 from models.profile import HardwareProfile
-from models.validation import HeldOutPrediction, choose_prior_strength, leave_one_out
+from models.held_out import HeldOutPrediction, choose_prior_strength, leave_one_out
 
 MIN_RUNS_FOR_CV = 4
 

@@ -18,11 +18,15 @@ from typing import Callable
 import numpy as np
 
 from advisor.space import Space
-from advisor.storage import MirroredStudy
+from advisor.study_storage import MirroredStudy
 from models.architecture import Architecture
 from models.strategy import Strategy, StrategyBatch
 
 OBJECTIVES = ("energy", "time", "edp")
+# Optuna trials: enough that the pick lands within 1% of the exhaustive optimum in the
+# benchmark scenarios (benchmarks/bench_advisor.py); a searched GPU count doubles the space's reach.
+DEFAULT_TRIALS = 600
+DEFAULT_TRIALS_GPU_RANGE = 1200
 METRICS = ("step_time_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib")
 CONSTRAINTS = ("gpu_memory", "host_memory", "static", "other")
 
@@ -213,24 +217,12 @@ def study_name(problem: Problem) -> str:
     return f"advisor-{problem.key}-tokens{problem.tokens}-space{problem.space.fingerprint()}"
 
 
-def _sampler(name: str, seed: int | None, population: int):
-    import optuna
-
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=population)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"unknown sampler {name!r}")
-
-
 def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_slowdown: float = 0.10,
-                  storage: str | None = None, seed: int | None = 0, sampler: str = "nsga2", batch: int = 20,
+                  storage: str | None = None, seed: int | None = 0, batch: int = 20,
                   polish: float = 0.5, progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Multi-objective (run time, run energy) Optuna study, asked and told in batches so each
     batch is one vectorised prediction. With `storage` the study resumes (SQLite) or is
-    shared between workers (PostgreSQL), mirrored batch by batch (advisor.storage); the
+    shared between workers (PostgreSQL), mirrored batch by batch (advisor.study_storage); the
     front covers every trial the study holds.
 
     The last `polish` share of the trials goes to points one or two parameters away from the
@@ -240,7 +232,8 @@ def optuna_search(problem: Problem, trials: int, objective: str = "energy", max_
     from optuna.distributions import CategoricalDistribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    mirror = MirroredStudy(study_name(problem), storage, _sampler(sampler, seed, batch), ["minimize", "minimize"])
+    sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=batch)
+    mirror = MirroredStudy(study_name(problem), storage, sampler, ["minimize", "minimize"])
     study = mirror.local
     dists = {k: CategoricalDistribution(list(v)) for k, v in problem.space.choices().items()}
     seen = _seen_points(study)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from advisor.cli import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE  # noqa: E402
+from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE  # noqa: E402
 from advisor.inputs import default_global_batch, parse_seq  # noqa: E402
 from advisor.recommend import make_problem  # noqa: E402
 from advisor.search import exhaustive_search, optuna_search  # noqa: E402

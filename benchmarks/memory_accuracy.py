@@ -4,7 +4,7 @@ torch.cuda.max_memory_allocated (max over ranks) of each shipped run.
     python benchmarks/memory_accuracy.py [--runs 'data/runs/*.jsonl'] [--profile h200] [--reserved]
 
 Allocated is compared with allocated (like with like). `phase` is the moment of the step at
-which the model puts the peak (models.memory.PHASES). `--reserved` adds the measured
+which the model puts the peak (models.memory.MOMENTS). `--reserved` adds the measured
 max_memory_reserved and the predicted peak (allocated x (1 + fragmentation) + framework
 reserve), which is what decides feasibility. Runs that did not finish are listed, not compared.
 """
@@ -29,12 +29,12 @@ from models.strategy import StrategyBatch  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def peak_phase(run, profile) -> str:
+def peak_moment(run, profile) -> str:
     """The moment of the step at which the memory model puts this run's peak."""
     b = StrategyBatch.from_strategies([run.strategy])
     w = run.workload
     work = flops.micro_step_work(w, b.micro_batch, b.sp, b.checkpoint_every)
-    return memory.estimate(w, count_params(w), work, b, profile).peak_phase(0)
+    return memory.estimate(w, count_params(w), work, b, profile).peak_moment(0)
 
 
 def main(argv=None) -> int:
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
             continue
         pred = predict(run.workload, run.strategy, profile)
         rows.append((run.label, run.peak_gpu_mem_gib, pred.allocated_gpu_mem_gib,
-                     run.peak_gpu_reserved_gib, pred.peak_gpu_mem_gib, peak_phase(run, profile)))
+                     run.peak_gpu_reserved_gib, pred.peak_gpu_mem_gib, peak_moment(run, profile)))
 
     width = max(len(r[0]) for r in rows) if rows else 10
     head = f"{'run':<{width}}  {'meas GiB':>8}  {'pred GiB':>8}  {'err %':>7}  {'phase':<6}"

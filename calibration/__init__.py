@@ -1,4 +1,5 @@
-"""Everything that touches a GPU: microbenchmarks, power meters, the calibration run, the real-run harness.
+"""Measuring a machine: microbenchmarks and the calibration run, power meters, the profile writer
+(and its fits of raw points), and the real-run harness. What runs on a GPU has a CPU path.
 
 Importing this package imports nothing heavy; torch is imported by the modules that need it.
 """

@@ -11,7 +11,7 @@ Residuals are log ratios, so a 0.3 s run counts as much as a 30 s one, and a sof
 one disturbed run from dragging every constant. A prior pulls each constant towards its
 starting value (`FitParameter.scale` is how far it may plausibly move): constants the runs say
 little about stay where the microbenchmarks or datasheet put them. How strong that prior is,
-cross-validation decides (`models.validation.choose_prior_strength`); `models.validation.leave_one_out`
+cross-validation decides (`models.held_out.choose_prior_strength`); `models.held_out.leave_one_out`
 refits without each run in turn: that error, not the training error, is the number of record.
 """
 from __future__ import annotations

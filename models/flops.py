@@ -105,10 +105,6 @@ class MicroStepWork:
     vis_elem_recompute_bytes: np.ndarray
     vis_checkpointed_layers: np.ndarray
 
-    def gemm_flops(self, vision: bool, part: str) -> np.ndarray:
-        """Sum over GEMM classes of `part` in fwd | bwd | recompute."""
-        return sum(getattr(g, f"{part}_flops") for g in self.gemms if g.vision == vision)
-
     @property
     def attn_bwd_flops(self) -> np.ndarray:
         return ATTENTION_BWD_PER_FWD * self.attn_fwd_flops

@@ -78,7 +78,7 @@ RMSNORM_BYTES_PER_ELEMENT = 2 * FP32 + 2 * BF16
 # cuBLAS and cuBLASLt workspaces, allocated through torch's caching allocator (so counted by
 # max_memory_allocated); 32 MiB each is the size cuBLAS recommends, and torch uses, on Hopper.
 GEMM_WORKSPACE_BYTES = 2 * 32 * 2**20
-PHASES = ("loss", "head", "layer", "reduce", "end", "step")
+MOMENTS = ("loss", "head", "layer", "reduce", "end", "step")
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class MemoryEstimate:
     model_states_gpu_bytes: np.ndarray  # persistent model states (see ModelStates.gpu_bytes)
     buffers_gpu_bytes: np.ndarray  # persistent buffers: ZeRO-3 bucket, offload staging, GEMM workspaces
     activations_gpu_bytes: np.ndarray  # activations and loss buffers at the loss (the forward's peak)
-    phase_gpu_bytes: dict[str, np.ndarray]  # what is allocated at each moment of `PHASES`
+    moment_gpu_bytes: dict[str, np.ndarray]  # what is allocated at each moment of `MOMENTS`
     allocated_gpu_bytes: np.ndarray  # the largest of them: what torch.cuda.max_memory_allocated would show
     reserved_gpu_bytes: np.ndarray  # allocated x (1 + fragmentation): torch.cuda.max_memory_reserved
     peak_gpu_bytes: np.ndarray  # reserved + memory outside torch's pool: what must fit on the GPU
@@ -112,9 +112,9 @@ class MemoryEstimate:
     host_bytes_per_node: np.ndarray
     offload_fraction: np.ndarray
 
-    def peak_phase(self, i: int) -> str:
+    def peak_moment(self, i: int) -> str:
         """The moment of the step at which strategy i's GPU memory peaks."""
-        return max(PHASES, key=lambda name: float(self.phase_gpu_bytes[name][i]))
+        return max(MOMENTS, key=lambda name: float(self.moment_gpu_bytes[name][i]))
 
 
 def offload_fraction(stage, offload_optimizer, ratio, params_per_rank, sub_group_size=SUB_GROUP_SIZE) -> np.ndarray:
@@ -298,7 +298,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     reduce_extra = reduce_extra + np.where(opt_off, offload_transient(largest_first), 0.0)
     end_extra = np.where(z3, flat_copy, ulysses_fp32) + np.where(opt_off, offload_transient(largest_last), 0.0)
 
-    phases = {
+    moments = {
         "loss": base + accumulated + kept + final_norm + loss,
         "head": base + accumulated + buckets + kept + final_norm + head,
         "layer": base + accumulated + buckets + kept + recompute + workspace + tied_head,
@@ -308,7 +308,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
         "end": base + accumulated + buckets + states.grad_gpu_bytes + np.where(stage >= 1, tied_head, 0.0) + end_extra,
         "step": states.gpu_bytes + buffers + states.grad_gpu_bytes + states.step_gpu_bytes,
     }
-    allocated = np.maximum.reduce([phases[name] for name in PHASES])
+    allocated = np.maximum.reduce([moments[name] for name in MOMENTS])
     mem = profile.memory
     frag_ckpt = (mem.fragmentation_checkpointed or mem.fragmentation).value
     reserved = allocated * (1.0 + np.where(n_ck > 0, frag_ckpt, mem.fragmentation.value))
@@ -318,7 +318,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     ranks_per_node = np.minimum(b.gpus, b.gpus_per_node)
     return MemoryEstimate(
         model_states_gpu_bytes=states.gpu_bytes, buffers_gpu_bytes=buffers,
-        activations_gpu_bytes=kept + final_norm + loss, phase_gpu_bytes=phases,
+        activations_gpu_bytes=kept + final_norm + loss, moment_gpu_bytes=moments,
         allocated_gpu_bytes=allocated, reserved_gpu_bytes=reserved, peak_gpu_bytes=peak, host_bytes_per_rank=host_rank,
         host_bytes_per_node=host_rank * ranks_per_node, offload_fraction=states.offload_fraction,
     )

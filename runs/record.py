@@ -130,6 +130,9 @@ class Candidate:
         }
         if self.script:  # another program is another run
             what["script"] = self.script
+        threads = (self.strategy or {}).get("cpu_threads_per_rank")
+        if threads:  # so is another thread count (keys of runs that did not set it stay as they were)
+            what["cpu_threads_per_rank"] = threads
         return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:

@@ -1,7 +1,7 @@
 """Optuna against the exhaustive sweep on the shipped cost model and gh200 profile."""
 import pytest
 
-from advisor.cli import DEFAULT_TRIALS
+from advisor.search import DEFAULT_TRIALS
 from advisor.inputs import default_global_batch
 from advisor.recommend import make_problem
 from advisor.search import exhaustive_search, optuna_search

@@ -36,7 +36,7 @@ from models.memory import (
     GEMM_WORKSPACE_BYTES,
     LOSS_TENSORS,
     MAX_LIVE_PARAMETERS,
-    PHASES,
+    MOMENTS,
     SUB_GROUP_SIZE,
     activation_bytes_per_token,
     estimate,
@@ -194,9 +194,9 @@ def test_peak_is_the_loss_not_a_sum_of_everything(loss_dtype, bytes_per_logit):
     t, h, p = 32768, a.hidden_size, count_params(w).trainable
     loss = 2 * p + 12 * p + GEMM_WORKSPACE_BYTES + t * (a.num_layers * 2 * h + 12 * h
                                                        + LOSS_TENSORS * bytes_per_logit * a.vocab_size)
-    assert float(m.phase_gpu_bytes["loss"][0]) == pytest.approx(loss)
-    assert m.peak_phase(0) == "loss" and float(m.allocated_gpu_bytes[0]) == pytest.approx(loss)
-    total = sum(float(m.phase_gpu_bytes[name][0]) for name in PHASES)
+    assert float(m.moment_gpu_bytes["loss"][0]) == pytest.approx(loss)
+    assert m.peak_moment(0) == "loss" and float(m.allocated_gpu_bytes[0]) == pytest.approx(loss)
+    total = sum(float(m.moment_gpu_bytes[name][0]) for name in MOMENTS)
     assert float(m.allocated_gpu_bytes[0]) < total * 0.6  # a peak, not a sum of everything ever allocated
 
 
@@ -206,7 +206,7 @@ def test_zero2_step_peak_when_activations_are_small():
     w = Workload(load_architecture("qwen2.5-1.5b"), 8192, loss_dtype="bf16")
     m = _estimate(w, Strategy(gpus=1, zero_stage=2, checkpoint_every=1))
     p = count_params(w).trainable
-    assert m.peak_phase(0) == "step"
+    assert m.peak_moment(0) == "step"
     assert float(m.allocated_gpu_bytes[0]) == pytest.approx(22 * p + GEMM_WORKSPACE_BYTES)
 
 
@@ -219,10 +219,10 @@ def test_zero12_buckets_and_accumulated_gradients_enter_the_backward():
     one = _estimate(w, Strategy(gpus=1, zero_stage=2, overlap_comm=False))
     ga = _estimate(w, Strategy(gpus=1, zero_stage=2, grad_accum=4))
     rbs = Strategy().reduce_bucket_size
-    head = lambda m: float(m.phase_gpu_bytes["head"][0])  # noqa: E731
+    head = lambda m: float(m.moment_gpu_bytes["head"][0])  # noqa: E731
     assert head(base) - head(one) == pytest.approx(2 * rbs)
     assert head(ga) - head(base) == pytest.approx(2 * p)
-    assert float(ga.phase_gpu_bytes["loss"][0] - base.phase_gpu_bytes["loss"][0]) == pytest.approx(2 * p)
+    assert float(ga.moment_gpu_bytes["loss"][0] - base.moment_gpu_bytes["loss"][0]) == pytest.approx(2 * p)
 
 
 def test_zero3_gathered_parameters_only_where_gathering_allocates():
@@ -235,7 +235,7 @@ def test_zero3_gathered_parameters_only_where_gathering_allocates():
                                 checkpoint_every=1))
     two = _estimate(w, Strategy(gpus=2, zero_stage=3, offload_optimizer="cpu", checkpoint_every=1))
     gathered = 2 * min(MAX_LIVE_PARAMETERS, c.forward_params)
-    loss = lambda m: float(m.phase_gpu_bytes["loss"][0])  # noqa: E731
+    loss = lambda m: float(m.moment_gpu_bytes["loss"][0])  # noqa: E731
     assert loss(off) - loss(one) == pytest.approx(gathered - 2 * c.trainable)  # partition now on the host
     assert loss(two) - loss(one) == pytest.approx(gathered - 2 * c.trainable / 2)
 
@@ -299,13 +299,16 @@ def _shipped_runs():
 
 
 def test_allocated_memory_of_the_shipped_h200_runs():
-    """A regression guard, in-sample: these 70 runs (1, 2 and 4 GPUs) were used to check the
-    structure (see benchmarks/memory_accuracy.py); every one within 10%, and on average within 2%."""
+    """A regression guard: 70 runs (1, 2 and 4 GPUs) were used to check the structure, in-sample; 16
+    more (one GPU, fp32 loss, 2026-11-30) were predicted before they ran (see
+    benchmarks/memory_accuracy.py). Every one within 10% and on average within 2%; an under-prediction
+    is an OOM the advisor would recommend, and the worst is TinyLlama at 8k, ZeRO-2, 4 GPUs, 6.6% under."""
     errors = {}
     for label, w, s, measured in _shipped_runs():
         predicted = float(_estimate(w, s).allocated_gpu_bytes[0]) / 2**30
         errors[label] = predicted / measured - 1
-    assert len(errors) == 70
+    assert len(errors) == 86
     worst = max(errors, key=lambda k: abs(errors[k]))
     assert abs(errors[worst]) < 0.10, (worst, errors[worst])
     assert np.mean(np.abs(list(errors.values()))) < 0.02
+    assert min(errors.values()) > -0.07, min(errors, key=errors.get)

@@ -153,3 +153,11 @@ def test_a_torn_last_line_is_skipped_and_any_other_bad_line_named(tmp_path):
     assert read_records(tmp_path / "none.jsonl", missing_ok=True) == []
     with pytest.raises(RunFileError, match="not found"):
         read_records(tmp_path / "none.jsonl")
+
+
+def test_the_thread_count_is_part_of_what_a_run_is():
+    one = Candidate(model="m", seq_len=64, ds_config=ds_config(2), strategy={"cpu_threads_per_rank": 1})
+    many = Candidate(model="m", seq_len=64, ds_config=ds_config(2), strategy={"cpu_threads_per_rank": 16})
+    default = Candidate(model="m", seq_len=64, ds_config=ds_config(2), strategy={"cpu_threads_per_rank": 0})
+    assert len({one.key(), many.key(), default.key()}) == 3
+    assert default.key() == Candidate(model="m", seq_len=64, ds_config=ds_config(2)).key()

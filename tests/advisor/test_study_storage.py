@@ -3,7 +3,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from advisor.storage import MirroredStudy, StorageError
+from advisor.study_storage import MirroredStudy, StorageError
 
 DISTS = {"x": CategoricalDistribution([1, 2, 3, 4])}
 

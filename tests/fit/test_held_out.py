@@ -7,7 +7,7 @@ import pytest
 from synthetic import synthetic_runs
 
 from models.fit import ProfileFit, fitted_run_ids
-from models.validation import leave_one_out
+from models.held_out import leave_one_out
 from models.predict import predict
 
 
@@ -65,7 +65,7 @@ def test_warm_started_folds_agree_with_cold_refits(small_specs, base):
 
 
 def test_cross_validation_prefers_the_prior_that_predicts_held_out_runs(small_specs, base):
-    from models.validation import choose_prior_strength
+    from models.held_out import choose_prior_strength
 
     # Precise runs of a machine far from the start: a strong prior holds the constants back.
     runs = synthetic_runs(noise=0.002, seed=9, specs=small_specs[:10])

@@ -4,9 +4,9 @@ import json
 import pytest
 from cal_helpers import env, gpu_results
 
-from calibration.merge_collectives import main, merged_profile
+from calibration.merge import main, merged_profile
 from calibration.profile_writer import build_profile
-from calibration.rawlog import RawLog
+from calibration.rawlog import RawLog, RawResult
 from models.profile import parse_profile
 
 
@@ -36,10 +36,10 @@ def test_merge_replaces_intra_collectives_and_keeps_fitted_constants(tmp_path):
     assert "x4.raw.jsonl" in merged.provenance.notes
 
 
-def test_merge_refuses_a_raw_file_without_collectives(tmp_path):
+def test_merge_refuses_a_raw_file_with_nothing_to_merge(tmp_path):
     raw = RawLog(tmp_path / "empty.raw.jsonl", {"kind": "measured", "device": "x", "gpus_per_node": 4, "nodes": 1,
                                                "quick": False, "machine": "m"})
-    with pytest.raises(ValueError, match="no intra-node collective"):
+    with pytest.raises(ValueError, match="nothing to merge"):
         merged_profile(raw.path, _profile_file(tmp_path))
 
 
@@ -47,3 +47,19 @@ def test_cli_writes_the_merged_profile(tmp_path):
     out = tmp_path / "merged.json"
     main([str(_raw_file(tmp_path)), "--into", str(_profile_file(tmp_path)), "--out", str(out)])
     assert parse_profile(json.loads(out.read_text())).intra_node.all_reduce.group_size_measured.value == 4
+
+
+def test_the_cpu_optimizer_against_threads_is_merged_and_the_rest_kept(tmp_path):
+    from models.profile import load_profile
+
+    raw = RawLog(tmp_path / "threads.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
+                                                  "nodes": 1, "quick": False, "machine": "m"})
+    for t, rate in ((1, 6.8e8), (4, 2.3e9), (16, 4.2e9)):
+        raw.append(RawResult(f"cpu/adam/threads-{t}", "cpu_adam_threads", "ok",
+                             {"ran": True, "optimizer": "DeepSpeedCPUAdam", "why": "default", "params": 2**28,
+                              "threads": t, "step_time_s": 2**28 / rate, "params_per_s": rate}, None, 1.0, "now"))
+    merged = parse_profile(merged_profile(raw.path, _profile_file(tmp_path)))
+    assert merged.host.cpu_adam_threads.x == [1.0, 4.0, 16.0]
+    assert merged.host.cpu_adam_threads.source.startswith("threads.raw.jsonl, on NVIDIA H200: measured")
+    before = load_profile(_profile_file(tmp_path))
+    assert merged.intra_node == before.intra_node and merged.overheads == before.overheads

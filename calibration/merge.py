@@ -1,0 +1,66 @@
+"""Put what one calibration's raw file measured into an existing profile, keeping the rest.
+
+    python -m calibration.merge RAW.jsonl --into data/profiles/h200.json [--out PATH]
+
+A profile fitted to real runs should not be recalibrated from scratch to learn one more thing:
+this keeps every other constant (and its fit) and replaces what RAW measured. Collectives: the
+intra-node alpha-beta constants at each group size (2, 4, 8 ...), the node-wide group as the
+headline values. The CPU optimizer against threads: `host.cpu_adam_threads`. Sources name RAW.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from calibration.fitting import COLLECTIVE_OPS
+from calibration.profile_writer import ProfileBuilder, relabel
+from calibration.rawlog import read_raw
+from models.profile import load_profile, parse_profile
+
+
+def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
+    """The profile at `profile` with what `raw_path` measured of the families merged here."""
+    raw_path = Path(raw_path)
+    header, results = read_raw(raw_path)
+    base = load_profile(str(profile))
+    env = {"kind": "measured", "host_cores": base.host.cores.value, "gpus_per_node": header["gpus_per_node"],
+           "host_cpu": base.host.cpu, "host_memory_gib": base.host.memory_gib.value, "link": base.host.link}
+    builder = ProfileBuilder(env, results, name=base.name, raw_file=raw_path.name)
+    data, merged = base.model_dump(), []
+    sizes = sorted({r["group_size"] for r in builder.family("collective") if r["scope"] == "intra"})
+    if sizes and sizes[-1] >= 2:
+        for op in COLLECTIVE_OPS:
+            measured = builder.intra_collective(op, sizes[-1])
+            if measured is None:
+                raise ValueError(f"{raw_path}: {'; '.join(builder.missing)}")
+            data["intra_node"][op] = relabel(measured, f"{raw_path.name}: ")
+        merged.append(f"intra-node collectives at group sizes {', '.join(map(str, sizes))}")
+    threads = builder.host().get("cpu_adam_threads")
+    if threads:
+        data["host"]["cpu_adam_threads"] = relabel(threads, f"{raw_path.name}, on {header.get('device')}: ")
+        merged.append("the CPU optimizer against threads")
+    if not merged:
+        raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, or CPUAdam against threads)")
+    data["provenance"]["notes"] += (f" {'; '.join(merged).capitalize()} replaced by those measured in {raw_path.name} "
+                                    f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "
+                                    f"{header.get('device')}).")
+    parse_profile(data, origin=f"{profile} + {raw_path.name}")
+    return data
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads) run")
+    p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
+    p.add_argument("--out", help="where to write (default: over --into when it is a path)")
+    args = p.parse_args(argv)
+    out = Path(args.out or args.into)
+    if out.suffix != ".json":
+        p.error("--out must be a .json path when --into is a profile name")
+    out.write_text(json.dumps(merged_profile(args.raw, args.into), indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
