@@ -161,8 +161,10 @@ class Space:
                         continue
                     ga = step_global_batch(self.global_batch, dp, mb)[1]
                     for (z, o), ck, ov in itertools.product(families, ckpts, self.overlap_comm):
-                        if z == 0 and ov:
-                            continue  # ZeRO-0 overlaps nothing: one point, overlap_comm off as DeepSpeed has it
+                        if z == 0:  # ZeRO-0 overlaps nothing: one point, overlap_comm off as DeepSpeed has it
+                            if ov != self.overlap_comm[0]:
+                                continue
+                            ov = False
                         off = offload_fields(o)
                         rows.append((gpus, gpn, z, OFFLOAD_NAMES[off["offload_optimizer"]], off["offload_ratio"],
                                      off["super_offload"], OFFLOAD_NAMES[off["offload_param"]], ck["checkpoint_every"],

@@ -18,8 +18,8 @@ def test_enumerate_lists_exactly_the_valid_points_of_the_flat_space(arch7b):
         s = space.strategy(dict(zip(choices, values)))
         if not space.reasons(s, arch7b):
             valid.append(s.label() + f" ov{s.overlap_comm}")
-    assert listed_labels == sorted(valid)
-    assert len(valid) > 100
+    assert listed_labels == sorted(set(valid))  # ZeRO-0 with overlap_comm on or off is one point
+    assert len(set(listed_labels)) == len(listed_labels) and len(valid) > 100
 
 
 def test_every_listed_point_has_consistent_batch(arch7b):
