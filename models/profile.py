@@ -150,13 +150,17 @@ class HostSpec(_Strict):
         bandwidth, which the node's ranks share (CPUAdam is memory-bound: on the 4-GPU H200 node, 4
         ranks of 16 threads stepped at the 2-GPU host's all-core rate over 4, not over 2). A thread
         is assumed to have a core of its own: more threads than cores are not modelled (the CLI warns)."""
+        compute = self.cpu_rate_on_threads(threads, gpus_per_node)
+        return np.minimum(compute, self.cpu_adam.value / np.maximum(np.asarray(ranks_per_node, dtype=float), 1.0))
+
+    def cpu_rate_on_threads(self, threads, gpus_per_node) -> np.ndarray:
+        """Params/s one process's threads compute, alone on the host: the measured curve; without
+        one, the all-core rate's share per thread, up to one GPU's share of the node's cores."""
         threads = np.maximum(np.asarray(threads, dtype=float), 1.0)
         if self.cpu_adam_threads is not None:
-            compute = self.cpu_adam_threads(threads)
-        else:
-            share = self.cores.value / max(float(gpus_per_node), 1.0)
-            compute = self.cpu_adam.value * np.minimum(threads, share) / self.cores.value
-        return np.minimum(compute, self.cpu_adam.value / np.maximum(np.asarray(ranks_per_node, dtype=float), 1.0))
+            return self.cpu_adam_threads(threads)
+        share = self.cores.value / max(float(gpus_per_node), 1.0)
+        return self.cpu_adam.value * np.minimum(threads, share) / self.cores.value
 
 
 class CollectiveAtSize(_Strict):

@@ -296,12 +296,13 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     offload_per_gparam = np.where(b.super_offload, ov.super_offload_step_per_gparam.value,
                                   ov.offload_step_per_gparam.value)
     # DeepSpeed's host-side offload work (gradient norm and clipping, casts, copies into pinned
-    # buffers) is torch CPU code on the rank's threads too, and memory-bound like CPUAdam: it is taken
-    # to scale as CPUAdam's rate does, from where the overheads were fitted (a full node, the
-    # profile's default threads per rank).
+    # buffers; SuperOffload's worker) is torch CPU code on the rank's threads too: it is taken to
+    # speed up with threads as CPUAdam's threads do, from the threads the overheads were fitted at
+    # (the profile's default per rank). Sharing the host's memory bandwidth with the other ranks is
+    # in the fitted constant, not scaled: SuperOffload on one GPU was not faster than on two.
     fitted_threads = profile.host.default_threads_per_rank(per_node)
-    offload_per_gparam = (offload_per_gparam * profile.host.cpu_adam_per_rank(fitted_threads, per_node, per_node)
-                          / cpu_rate)
+    offload_per_gparam = (offload_per_gparam * profile.host.cpu_rate_on_threads(fitted_threads, per_node)
+                          / profile.host.cpu_rate_on_threads(threads, per_node))
     overhead = ov.step.value + ga * ov.micro_step.value + np.where(opt_off, offload_per_gparam * r * p_rank / 1e9, 0.0)
     # The host issues each layer's work asynchronously; when a micro-step's GPU work is
     # shorter than the host's issue time, the GPU waits for the host (small models, short
