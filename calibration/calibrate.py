@@ -98,7 +98,7 @@ def _preflight(ctx: BenchContext, monitor: EnergyMonitor, console) -> None:
     """Warn (do not stop) when a GPU is busy or hot; this run's own processes do not count."""
     meter = monitor.gpu_meter
     own_pids = set(gather_objects(ctx, os.getpid()))
-    if ctx.local_rank != 0 or meter.kind != "nvml":
+    if ctx.local_rank != 0 or not meter.present:
         return
     for w in environment.busy_or_hot([meter.state(i) for i in range(meter.device_count)], own_pids):
         console.print(f"[yellow]warning ({socket.gethostname()}): {w}[/yellow]")
@@ -155,8 +155,7 @@ def _run(opts, console, rank, world, local_rank, local_world, backend, device) -
 def _measure(opts, console, ctx, rank, world, local_world, device) -> CalibrationResult:
     _preflight(ctx, ctx.monitor, console)
     gpu_meter = ctx.monitor.gpu_meter
-    nvml_index = gpu_meter.cuda_to_nvml([device.index or 0])[0] if gpu_meter.kind == "nvml" else None
-    env = environment.collect(gpu_meter, nvml_index)
+    env = environment.collect(gpu_meter, gpu_meter.meter_indices([device.index or 0])[0])
     scope, basis = ctx.monitor.nvml_scope() if ctx.is_cuda else ("gpu", "")
     env.update(kind="measured" if ctx.is_cuda else "cpu", quick=opts.quick, world_size=world,
                gpus_per_node=local_world, nodes=ctx.nnodes, nvml_scope=scope, nvml_scope_basis=basis)

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibration.sensors import CpuMeter, SensorUnavailable
+
 POWERCAP_ROOT = Path("/sys/class/powercap")
 HWMON_ROOT = Path("/sys/class/hwmon")
 
@@ -23,11 +25,7 @@ TDP_PER_CORE_W = 5.6
 IDLE_FRACTION_OF_TDP = 0.3
 
 
-class SensorUnavailable(RuntimeError):
-    """No readable CPU power sensor; the message says how to fix it."""
-
-
-class RaplMeter:
+class RaplMeter(CpuMeter):
     """Sum of RAPL package (and DRAM) domains, handling counter wrap-around."""
 
     kind = "rapl"
@@ -89,7 +87,7 @@ def find_grace_sensors(root: Path = HWMON_ROOT) -> dict[str, dict[int, Path]]:
     return found
 
 
-class GraceHwmonMeter:
+class GraceHwmonMeter(CpuMeter):
     """Integrates the 'Grace Power Socket N' meters (CPU, LPDDR5X and SoC of each socket).
 
     'Module Power' also covers the GPU of a GH200, so it is read only to tell whether
@@ -141,23 +139,12 @@ class GraceHwmonMeter:
     def module_power_w(self) -> float | None:
         return self._read_w(self._module) if self._module else None
 
-    def grace_power_w(self) -> float:
+    def cpu_power_w(self) -> float:
         return self._read_w(self._grace)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=1.0)
-
-
-def open_cpu_meter(powercap_root: Path = POWERCAP_ROOT, hwmon_root: Path = HWMON_ROOT):
-    """The first CPU meter that works, or raise SensorUnavailable with every reason."""
-    reasons = []
-    for factory in (lambda: GraceHwmonMeter(hwmon_root), lambda: RaplMeter(powercap_root)):
-        try:
-            return factory()
-        except (SensorUnavailable, OSError, ValueError) as exc:
-            reasons.append(str(exc))
-    raise SensorUnavailable("; ".join(reasons))
 
 
 @dataclass(frozen=True)

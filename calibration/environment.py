@@ -7,7 +7,7 @@ import platform
 import socket
 from importlib import metadata
 
-from calibration.gpu_nvml import GpuState
+from calibration.sensors import GpuState
 
 BUSY_UTILIZATION_PCT = 10.0
 HOT_TEMPERATURE_C = 60.0
@@ -59,7 +59,7 @@ def host_link(gpu_name: str | None, is_cuda: bool) -> str:
     return "c2c" if platform.machine() in ("aarch64", "arm64") else "pcie"
 
 
-def collect(gpu_meter=None, nvml_index: int | None = None) -> dict:
+def collect(gpu_meter=None, meter_index: int = 0) -> dict:
     """Everything provenance needs, gathered without importing DeepSpeed (slow, noisy)."""
     import torch
 
@@ -67,10 +67,10 @@ def collect(gpu_meter=None, nvml_index: int | None = None) -> dict:
     gpu_name = torch.cuda.get_device_name(0) if is_cuda else None
     driver = None
     power_limit_w = None
-    if gpu_meter is not None and getattr(gpu_meter, "kind", "") == "nvml":
+    if gpu_meter is not None and gpu_meter.present:
         driver = gpu_meter.driver_version()
-        state = gpu_meter.state(nvml_index or 0)
-        power_limit_w = state.power_limit_w
+        state = gpu_meter.state(meter_index)
+        power_limit_w = state.power_limit_w if state else None
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": socket.gethostname(),
@@ -97,7 +97,7 @@ def busy_or_hot(states: list[GpuState], own_pids: set[int] = frozenset()) -> lis
     """
     out = []
     for s in states:
-        tag = f"GPU {s.nvml_index} ({s.name})"
+        tag = f"GPU {s.index} ({s.name})"
         others = [p for p in (s.process_pids or ()) if p not in own_pids]
         if s.utilization_pct is not None and s.utilization_pct >= BUSY_UTILIZATION_PCT:
             out.append(f"{tag} is {s.utilization_pct:.0f}% utilised: another job is running")

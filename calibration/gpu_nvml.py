@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+
+from calibration.sensors import GpuMeter, GpuState, SensorUnavailable
 
 
-class NvmlUnavailable(RuntimeError):
+class NvmlUnavailable(SensorUnavailable):
     """NVML cannot be used here; the message says why and how to fix it."""
 
 
@@ -28,24 +29,7 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@dataclass(frozen=True)
-class GpuState:
-    """One GPU's state before a calibration, to warn when it is busy or hot."""
-
-    nvml_index: int
-    name: str
-    uuid: str
-    temperature_c: float | None
-    power_w: float | None
-    power_limit_w: float | None
-    utilization_pct: float | None
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    process_pids: tuple[int, ...] | None  # compute processes on the GPU; None if NVML cannot say
-    process_memory_bytes: tuple[int | None, ...] | None  # their memory, in the same order
-
-
-class NvmlGpuMeter:
+class NvmlGpuMeter(GpuMeter):
     """Cumulative GPU energy per NVML index, in joules.
 
     Uses the hardware energy counter where the GPU has one, else integrates
@@ -117,7 +101,7 @@ class NvmlGpuMeter:
                 return i
         raise KeyError(f"no GPU with UUID {want} visible to NVML")
 
-    def cuda_to_nvml(self, cuda_indices: list[int]) -> list[int]:
+    def meter_indices(self, cuda_indices: list[int]) -> list[int]:
         """Map CUDA indices to NVML indices through CUDA_VISIBLE_DEVICES (ints or UUIDs)."""
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if not visible:
@@ -151,7 +135,7 @@ class NvmlGpuMeter:
         except nv.NVMLError:
             procs = proc_mem = None
         return GpuState(
-            nvml_index=i,
+            index=i,
             name=_text(nv.nvmlDeviceGetName(h)),
             uuid=_text(nv.nvmlDeviceGetUUID(h)),
             temperature_c=attempt(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),

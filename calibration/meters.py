@@ -12,7 +12,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from calibration.cpu_power import CpuPowerEstimate, CpuUtilization, SensorUnavailable, open_cpu_meter
+from calibration.cpu_power import CpuPowerEstimate, CpuUtilization
+from calibration.sensors import CPU_METERS, GPU_METERS, CpuMeter, GpuMeter, SensorUnavailable, open_first
 
 _warned: set[str] = set()
 
@@ -40,10 +41,12 @@ class Measurement:
     gpu_power_avg_w: dict[int, float] | None
 
 
-class NullGpuMeter:
+class NullGpuMeter(GpuMeter):
     """No GPU energy meter: reads are None, and the first use warns how to fix it."""
 
     kind = "absent"
+    present = False
+    device_count = 0
 
     def __init__(self, reason: str):
         self.reason = reason
@@ -56,10 +59,11 @@ class NullGpuMeter:
         return None
 
 
-class NullCpuMeter:
+class NullCpuMeter(CpuMeter):
     """No CPU power sensor: reads are None, and the first use warns how to fix it."""
 
     kind = "absent"
+    present = False
 
     def __init__(self, reason: str):
         self.reason = reason
@@ -73,7 +77,7 @@ class NullCpuMeter:
         return None
 
 
-class ReplayGpuMeter:
+class ReplayGpuMeter(GpuMeter):
     """Recorded cumulative GPU energy (J) per index, returned one reading per call."""
 
     kind = "replay"
@@ -82,13 +86,17 @@ class ReplayGpuMeter:
         self._readings = {i: list(v) for i, v in readings_j.items()}
         self._pos = 0
 
+    @property
+    def device_count(self) -> int:
+        return len(self._readings)
+
     def read_j(self, indices: list[int]) -> dict[int, float]:
         out = {i: self._readings[i][self._pos] for i in indices}
         self._pos += 1
         return out
 
 
-class ReplayCpuMeter:
+class ReplayCpuMeter(CpuMeter):
     """Recorded cumulative CPU energy (J), one reading per call."""
 
     kind = "replay"
@@ -100,23 +108,23 @@ class ReplayCpuMeter:
         return next(self._readings)
 
 
-def open_gpu_meter():
-    """NVML if it works, else a null meter carrying the reason."""
-    from calibration.gpu_nvml import NvmlGpuMeter, NvmlUnavailable
-
+def open_gpu_meter() -> GpuMeter:
+    """The first GPU sensor of `calibration.sensors.GPU_METERS` that sees a GPU, else a null
+    meter carrying every reason."""
     try:
-        meter = NvmlGpuMeter()
-    except NvmlUnavailable as exc:
+        meter = open_first(GPU_METERS)
+    except SensorUnavailable as exc:
         return NullGpuMeter(str(exc))
     if meter.device_count == 0:
-        return NullGpuMeter("NVML sees no GPUs")
+        return NullGpuMeter(f"{meter.kind} sees no GPUs")
     return meter
 
 
-def open_host_meter():
-    """RAPL or Grace hwmon if readable, else a null meter carrying the reasons."""
+def open_host_meter() -> CpuMeter:
+    """The first CPU sensor of `calibration.sensors.CPU_METERS` that reads, else a null meter
+    carrying every reason."""
     try:
-        return open_cpu_meter()
+        return open_first(CPU_METERS)
     except SensorUnavailable as exc:
         return NullCpuMeter(str(exc))
 
@@ -151,16 +159,13 @@ class EnergyMonitor:
             count = getattr(self._gpu, "device_count", 0)
             gpu_indices = list(range(count))
         self.gpu_indices = list(gpu_indices)
-        to_nvml = getattr(self._gpu, "cuda_to_nvml", None)
-        self._meter_indices = to_nvml(self.gpu_indices) if to_nvml else list(self.gpu_indices)
+        self._meter_indices = self._gpu.meter_indices(self.gpu_indices)
         self._windows: dict[str, tuple] = {}
 
     def close(self) -> None:
         """Stop the meters' sampling threads (a thread left running at exit can abort the process)."""
-        for meter in (self._gpu, self._cpu):
-            close = getattr(meter, "close", None)
-            if close:
-                close()
+        self._gpu.close()
+        self._cpu.close()
 
     @property
     def gpu_meter_kind(self) -> str:
@@ -179,7 +184,7 @@ class EnergyMonitor:
         return self._cpu
 
     def _read_gpu(self) -> dict[int, float] | None:
-        if self._gpu.kind == "absent":
+        if not self._gpu.present:
             return self._gpu.read_j([])  # warns once how to fix it
         if not self.gpu_indices:
             return None
@@ -215,19 +220,20 @@ class EnergyMonitor:
         return Measurement(name, elapsed, gpu_j, cpu_j, estimated, power)
 
     def nvml_scope(self) -> tuple[str, str]:
-        """("module" | "gpu", basis): does NVML's power include the CPU (GH200)?
+        """("module" | "gpu", basis): does the GPU meter's power include the CPU (GH200)?
 
-        Decided by measurement where a Grace 'Module Power' meter exists: NVML's summed
-        power is compared with module power and with module minus Grace (CPU-side) power.
+        Decided by measurement where the host meters its module: the GPU meter's summed power is
+        compared with module power and with module minus CPU-side power.
         """
         cpu, gpu = self._cpu, self._gpu
-        module_w = cpu.module_power_w() if hasattr(cpu, "module_power_w") else None
-        if module_w is None or not hasattr(gpu, "power_w"):
-            return "gpu", "no module power meter to compare with; NVML taken as GPU-only"
-        nvml_w = sum(gpu.power_w(i) for i in range(gpu.device_count))
-        gpu_only_w = module_w - cpu.grace_power_w()
-        scope = "module" if abs(nvml_w - module_w) < abs(nvml_w - gpu_only_w) else "gpu"
+        module_w = cpu.module_power_w()
+        gpu_w = [gpu.power_w(i) for i in range(gpu.device_count)]
+        if module_w is None or not gpu_w or None in gpu_w:
+            return "gpu", "no module power meter to compare with; the GPU meter taken as GPU-only"
+        meter_w = sum(gpu_w)
+        gpu_only_w = module_w - cpu.cpu_power_w()
+        scope = "module" if abs(meter_w - module_w) < abs(meter_w - gpu_only_w) else "gpu"
         return scope, (
-            f"NVML {nvml_w:.0f} W vs hwmon module {module_w:.0f} W and module minus Grace "
+            f"{gpu.kind} {meter_w:.0f} W vs module {module_w:.0f} W and module minus CPU "
             f"{gpu_only_w:.0f} W: closer to {'module' if scope == 'module' else 'GPU-only'}"
         )

@@ -128,13 +128,11 @@ def machine_info(device_kind: str) -> dict:
         info["cuda"] = torch.version.cuda
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpu_mem_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
-        try:
-            import pynvml
+        from calibration.meters import open_gpu_meter
 
-            pynvml.nvmlInit()
-            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
-        except Exception as exc:  # noqa: BLE001 - version info is best effort
-            info["driver"] = f"unknown ({type(exc).__name__})"
+        meter = open_gpu_meter()
+        info["driver"] = meter.driver_version() or f"unknown ({meter.kind} GPU meter)"
+        meter.close()
     return info
 
 

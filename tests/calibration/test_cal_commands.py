@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from advisor import cmd_calibrate
 from calibration import wheelhouse as wh
 from calibration.environment import busy_or_hot
-from calibration.gpu_nvml import GpuState
+from calibration.sensors import GpuState
 from calibration.microbench.overlap import merged_order, overlapped_slowdowns
 
 
@@ -135,7 +135,7 @@ def test_merged_order_interleaves_evenly():
 
 
 def _state(**kw):
-    base = dict(nvml_index=0, name="H200", uuid="GPU-x", temperature_c=30.0, power_w=80.0, power_limit_w=700.0,
+    base = dict(index=0, name="H200", uuid="GPU-x", temperature_c=30.0, power_w=80.0, power_limit_w=700.0,
                 utilization_pct=0.0, memory_used_bytes=0, memory_total_bytes=2**37, process_pids=(),
                 process_memory_bytes=())
     base.update(kw)

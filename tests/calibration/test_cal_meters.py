@@ -1,12 +1,14 @@
 """Meters: null objects when sensors are missing, RAPL and Grace hwmon on fake sysfs, replay."""
+import functools
 import time
 import warnings
 
 import pytest
 
 from calibration import cpu_power, meters
-from calibration.cpu_power import GraceHwmonMeter, RaplMeter, SensorUnavailable, estimate_cpu_power
+from calibration.cpu_power import GraceHwmonMeter, RaplMeter, estimate_cpu_power
 from calibration.meters import EnergyMonitor, NullCpuMeter, NullGpuMeter, ReplayCpuMeter, ReplayGpuMeter
+from calibration.sensors import CpuMeter, GpuMeter, SensorUnavailable
 
 
 class Clock:
@@ -31,7 +33,8 @@ def test_missing_nvml_and_sensors_give_null_meters_and_none_fields(monkeypatch, 
         raise gpu_nvml.NvmlUnavailable("pynvml is not installed: pip install nvidia-ml-py")
 
     monkeypatch.setattr(gpu_nvml, "NvmlGpuMeter", lambda: no_nvml())
-    monkeypatch.setattr(meters, "open_cpu_meter", lambda: cpu_power.open_cpu_meter(tmp_path / "pc", tmp_path / "hw"))
+    monkeypatch.setattr(cpu_power, "GraceHwmonMeter", functools.partial(cpu_power.GraceHwmonMeter, tmp_path / "hw"))
+    monkeypatch.setattr(cpu_power, "RaplMeter", functools.partial(cpu_power.RaplMeter, tmp_path / "pc"))
     mon = EnergyMonitor(gpu_indices=[0], clock=Clock([1.0, 3.5]))
     assert mon.gpu_meter_kind == "absent" and mon.cpu_meter_kind == "absent"
     with pytest.warns(RuntimeWarning) as caught:
@@ -160,18 +163,22 @@ def test_grace_hwmon_integrates_grace_power_and_reads_module_power(tmp_path):
         e1, t1 = meter.read_j(), time.monotonic()
         assert (e1 - e0) / (t1 - t0) == pytest.approx(100.0, rel=0.05)  # Grace 100 W, never the module
         assert meter.module_power_w() == pytest.approx(600.0)
-        assert meter.grace_power_w() == pytest.approx(100.0)
+        assert meter.cpu_power_w() == pytest.approx(100.0)
     finally:
         meter.close()
 
 
-def test_open_cpu_meter_without_sensors_lists_every_reason(tmp_path):
+def test_without_cpu_sensors_every_reason_is_listed(tmp_path, monkeypatch):
+    from calibration.sensors import CPU_METERS, open_first
+
+    monkeypatch.setattr(cpu_power, "GraceHwmonMeter", functools.partial(cpu_power.GraceHwmonMeter, tmp_path / "hw"))
+    monkeypatch.setattr(cpu_power, "RaplMeter", functools.partial(cpu_power.RaplMeter, tmp_path / "pc"))
     with pytest.raises(SensorUnavailable) as exc:
-        cpu_power.open_cpu_meter(tmp_path / "powercap", tmp_path / "hwmon")
+        open_first(CPU_METERS)
     assert "Grace" in str(exc.value) and "RAPL" in str(exc.value)
 
 
-class FakeNvml:
+class FakeNvml(GpuMeter):
     kind = "nvml"
     device_count = 1
 
@@ -185,7 +192,7 @@ class FakeNvml:
         return {i: 0.0 for i in idx}
 
 
-class FakeGrace:
+class FakeGrace(CpuMeter):
     kind = "grace-hwmon"
 
     def read_j(self):
@@ -194,7 +201,7 @@ class FakeGrace:
     def module_power_w(self):
         return 650.0
 
-    def grace_power_w(self):
+    def cpu_power_w(self):
         return 150.0
 
 
@@ -210,3 +217,29 @@ def test_nvml_scope_without_module_meter_is_gpu_and_says_so():
     mon = EnergyMonitor([0], gpu_meter=FakeNvml(500.0), cpu_meter=ReplayCpuMeter([0.0]))
     scope, basis = mon.nvml_scope()
     assert scope == "gpu" and "no module power meter" in basis
+
+
+class FakeAmdMeter(GpuMeter):
+    """What a new vendor's file holds: a GpuMeter whose devices it numbers its own way."""
+
+    kind = "amdsmi"
+    device_count = 2
+
+    def __init__(self):
+        self.reads = 0
+
+    def meter_indices(self, cuda_indices):
+        return [1 - i for i in cuda_indices]
+
+    def read_j(self, indices):
+        self.reads += 1
+        return {i: 100.0 * self.reads * (i + 1) for i in indices}
+
+
+def test_a_new_gpu_sensor_is_one_class_and_one_registry_line(monkeypatch):
+    monkeypatch.setattr(meters, "GPU_METERS", ("test_cal_meters:FakeAmdMeter", *meters.GPU_METERS))
+    mon = EnergyMonitor(gpu_indices=[0], cpu_meter=ReplayCpuMeter([0.0, 5.0]), clock=Clock([0.0, 2.0]))
+    assert mon.gpu_meter_kind == "amdsmi"
+    mon.begin_window("w")
+    m = mon.end_window("w")
+    assert m.gpu_energy_j == {0: pytest.approx(200.0)}  # CUDA 0 is the sensor's device 1
