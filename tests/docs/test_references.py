@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "data").glob("**/*.md"))]
 # A path inside the repository, as the docs write them: `data/...`, `docs/...`, `scripts/...`, ...
-PATH = re.compile(r"\b((?:data|docs|scripts|benchmarks|examples|calibration|advisor|models)/[\w./*-]+\.\w+)")
+PATH = re.compile(r"(?<![\w/.-])((?:data|docs|scripts|benchmarks|examples|calibration|advisor|models|runs|tests)/[\w./*-]+\.\w+)")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
