@@ -57,14 +57,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.flops import BF16, MicroStepWork
+from models.layout import SUB_GROUP_SIZE, Layout
 from models.params import ParamCounts
 from models.profile import HardwareProfile
-from models.strategy import OFFLOAD_CPU, StrategyBatch
+from models.strategy import StrategyBatch
 from models.workload import Workload
 
 GIB = 2**30
 FP32, FP64 = 4, 8  # bytes per element
-SUB_GROUP_SIZE = 1_000_000_000  # zero_optimization.sub_group_size default (elements)
 MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters default (elements)
 NORM_CHUNK_ELEMENTS = 250_000_000  # ZeRO-3's _constant_buffered_norm2 casts to fp64 in chunks this long
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam momentum + variance
@@ -89,7 +89,6 @@ class ModelStates:
     grad_gpu_bytes: np.ndarray  # gradients held from the end of backward to the step (and across accumulation)
     step_gpu_bytes: np.ndarray  # transient gradient copies of the optimizer step, on top of both
     host_bytes_per_rank: np.ndarray
-    offload_fraction: np.ndarray  # share of the optimizer state on the CPU (DeepSpeed's sub-group rounding)
 
     @property
     def step_peak_gpu_bytes(self) -> np.ndarray:
@@ -110,40 +109,21 @@ class MemoryEstimate:
     peak_gpu_bytes: np.ndarray  # reserved + memory outside torch's pool: what must fit on the GPU
     host_bytes_per_rank: np.ndarray
     host_bytes_per_node: np.ndarray
-    offload_fraction: np.ndarray
+    layout: Layout  # what the time model reads too
 
     def peak_moment(self, i: int) -> str:
         """The moment of the step at which strategy i's GPU memory peaks."""
         return max(MOMENTS, key=lambda name: float(self.moment_gpu_bytes[name][i]))
 
 
-def offload_fraction(stage, offload_optimizer, ratio, params_per_rank, sub_group_size=SUB_GROUP_SIZE) -> np.ndarray:
-    """Share of a rank's optimizer state DeepSpeed puts on the CPU.
-
-    ZeRO-1/2 offload everything. ZeRO-3 assigns whole sub-groups: with n of them,
-    those with index >= int((1 - ratio) * n) go to the CPU (stage3.py, `subgroup_to_device`).
-    """
-    stage = np.asarray(stage)
-    on = np.asarray(offload_optimizer) == OFFLOAD_CPU
-    n_sub = np.maximum(1.0, np.ceil(np.asarray(params_per_rank, dtype=float) / sub_group_size))
-    on_gpu = np.floor((1.0 - np.asarray(ratio, dtype=float)) * n_sub)  # int() in DeepSpeed, same float rounding
-    z3 = (n_sub - np.minimum(on_gpu, n_sub)) / n_sub
-    return np.where(on, np.where(stage == 3, z3, 1.0), 0.0)
-
-
-def model_states(counts: ParamCounts, gpus, stage, offload_optimizer, ratio, offload_param,
-                 grad_accum=1, super_offload=False, sub_group_size=SUB_GROUP_SIZE) -> ModelStates:
+def model_states(counts: ParamCounts, lay: Layout, grad_accum=1, super_offload=False) -> ModelStates:
     """Model-state bytes per GPU and host bytes per rank (arrays broadcast over strategies)."""
-    n = np.asarray(gpus, dtype=float)
-    stage = np.asarray(stage)
+    n, stage = lay.gpus, lay.zero_stage
     p, f = float(counts.trainable), float(counts.frozen)
     largest = float(counts.largest_module)
-    shard = np.where(stage >= 1, n, 1.0)
-    p_rank = p / shard  # trainable parameters whose optimizer state this rank owns
-    r = offload_fraction(stage, offload_optimizer, ratio, p_rank, sub_group_size)
-    opt_off = np.asarray(offload_optimizer) == OFFLOAD_CPU
-    par_off = (np.asarray(offload_param) == OFFLOAD_CPU) & (stage == 3)
-    z3 = stage == 3
+    p_rank = lay.trainable_per_rank
+    r = lay.offload_fraction
+    opt_off, par_off, z3 = lay.optimizer_offload, lay.param_offload, lay.z3
 
     params16 = BF16 * (p + f) / np.where(z3, n, 1.0)
     params16_gpu = np.where(par_off, 0.0, params16)
@@ -161,7 +141,7 @@ def model_states(counts: ParamCounts, gpus, stage, offload_optimizer, ratio, off
     # tensor to fp64, one at a time. With optimizer offload the step runs on the CPU.
     norm64 = FP64 * np.minimum(largest, p_rank)
     z12_step = np.maximum((BF16 + FP32) * p_rank, norm64)
-    z3_step = np.maximum((BF16 + FP32) * np.minimum(p_rank, sub_group_size), FP64 * np.minimum(largest / n, p_rank))
+    z3_step = np.maximum((BF16 + FP32) * np.minimum(p_rank, SUB_GROUP_SIZE), FP64 * np.minimum(largest / n, p_rank))
     step = np.select([stage == 0, opt_off, stage <= 2], [2 * FP32 * p, 0.0, z12_step], z3_step)
 
     host = (OPTIMIZER_BYTES_PER_PARAM + FP32_GRAD_BYTES_PER_PARAM) * r * p_rank
@@ -172,9 +152,8 @@ def model_states(counts: ParamCounts, gpus, stage, offload_optimizer, ratio, off
     # SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer
     # sized for the largest sub-group (superoffload_utils.py, max_grad_numel).
     sup = np.asarray(super_offload, dtype=bool) & opt_off & z3
-    host = host + np.where(sup, FP32_GRAD_BYTES_PER_PARAM * np.minimum(r * p_rank, sub_group_size), 0.0)
-    return ModelStates(gpu_bytes=gpu, grad_gpu_bytes=grads, step_gpu_bytes=step, host_bytes_per_rank=host,
-                       offload_fraction=r)
+    host = host + np.where(sup, FP32_GRAD_BYTES_PER_PARAM * np.minimum(r * p_rank, SUB_GROUP_SIZE), 0.0)
+    return ModelStates(gpu_bytes=gpu, grad_gpu_bytes=grads, step_gpu_bytes=step, host_bytes_per_rank=host)
 
 
 def activation_bytes_per_token(workload: Workload, sp=1) -> tuple[np.ndarray, float]:
@@ -239,15 +218,13 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     """Memory of each strategy at each moment of the step (see the module docstring); the peak is their max."""
     a = workload.arch
     h, f, vocab, layers = a.hidden_size, a.intermediate_size, a.vocab_size, a.num_layers
-    states = model_states(counts, b.gpus, b.zero_stage, b.offload_optimizer, b.offload_ratio,
-                          b.offload_param, b.grad_accum, b.super_offload)
-    stage = b.zero_stage
-    n = b.gpus.astype(float)
+    lay = Layout.of(b, counts)
+    states = model_states(counts, lay, b.grad_accum, b.super_offload)
+    stage, n = lay.zero_stage, lay.gpus
     p = float(counts.trainable)
-    p_rank = p / np.where(stage >= 1, n, 1.0)
-    opt_off = b.offload_optimizer == OFFLOAD_CPU
-    par_off = (b.offload_param == OFFLOAD_CPU) & (stage == 3)
-    z12, z3 = (stage == 1) | (stage == 2), stage == 3
+    p_rank = lay.trainable_per_rank
+    opt_off, par_off = lay.optimizer_offload, lay.param_offload
+    z12, z3 = lay.z12, lay.z3
     rbs = b.reduce_bucket_size.astype(float)
     cpu_ck = np.asarray(b.cpu_checkpointing, dtype=bool)
 
@@ -315,10 +292,9 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     peak = reserved + mem.framework_reserved.value * GIB
     ckpt_host = np.where(cpu_ck, t * n_ck * ckpt, 0.0) + vision_host
     host_rank = states.host_bytes_per_rank + ckpt_host + profile.memory.host_process_per_rank.value * GIB
-    ranks_per_node = np.minimum(b.gpus, b.gpus_per_node)
     return MemoryEstimate(
         model_states_gpu_bytes=states.gpu_bytes, buffers_gpu_bytes=buffers,
         activations_gpu_bytes=kept + final_norm + loss, moment_gpu_bytes=moments,
         allocated_gpu_bytes=allocated, reserved_gpu_bytes=reserved, peak_gpu_bytes=peak, host_bytes_per_rank=host_rank,
-        host_bytes_per_node=host_rank * ranks_per_node, offload_fraction=states.offload_fraction,
+        host_bytes_per_node=host_rank * lay.ranks_per_node, layout=lay,
     )

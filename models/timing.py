@@ -34,10 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.flops import BF16, MicroStepWork
-from models.memory import SUB_GROUP_SIZE, MemoryEstimate
+from models.layout import SUB_GROUP_SIZE, Layout
+from models.memory import MemoryEstimate
 from models.params import LLM_MODULES_PER_LAYER, VIT_MODULES_PER_LAYER, ParamCounts
 from models.profile import HardwareProfile, Network
-from models.strategy import OFFLOAD_CPU, StrategyBatch
+from models.strategy import StrategyBatch
 from models.workload import Workload
 
 PHASES = (
@@ -181,51 +182,69 @@ def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.n
     return out
 
 
-def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
-                b: StrategyBatch, profile: HardwareProfile) -> StepTiming:
-    a = workload.arch
-    ct = _compute_times(profile, work)
-    z = np.zeros(len(b))
-    ga = b.grad_accum.astype(float)
-    n = b.gpus.astype(float)
-    stage = b.zero_stage
-    intra = b.gpus <= b.gpus_per_node
+@dataclass(frozen=True)
+class _Passes:
+    """What each pass over the model touches: ZeRO-3 gathers and parameter offload copies per module."""
+
+    forward_modules: int
+    backward_modules: int
+    recompute_modules: np.ndarray
+    forward_params: float
+    backward_params: float
+    recompute_params: np.ndarray
+
+    @classmethod
+    def of(cls, counts: ParamCounts, work: MicroStepWork) -> "_Passes":
+        n_ck, nv_ck = work.checkpointed_layers, work.vis_checkpointed_layers
+        vis_trained = counts.train_vision
+        return cls(
+            forward_modules=counts.modules_llm + counts.modules_vision,
+            backward_modules=counts.modules_llm + (counts.modules_vision if vis_trained
+                                                   else (2 if counts.modules_vision else 0)),
+            recompute_modules=n_ck * LLM_MODULES_PER_LAYER + nv_ck * (VIT_MODULES_PER_LAYER if vis_trained else 0),
+            forward_params=float(counts.forward_params), backward_params=float(counts.backward_params),
+            recompute_params=n_ck * counts.layer + nv_ck * counts.vit_layer,
+        )
+
+
+@dataclass(frozen=True)
+class _Traffic:
+    """Seconds of overlappable communication beside each compute window (per micro-step)."""
+
+    forward: np.ndarray
+    backward: np.ndarray  # a micro-step that does not end the accumulation
+    last_backward: np.ndarray  # the one that does
+
+
+def _zero_collectives(profile: HardwareProfile, counts: ParamCounts, ps: _Passes, b: StrategyBatch,
+                      lay: Layout) -> tuple[_Traffic, np.ndarray]:
+    """ZeRO's collectives beside each window, and the exposed ones at the boundary."""
+    n, stage, intra, z3 = lay.gpus, lay.zero_stage, lay.one_node, lay.z3
     p = float(counts.trainable)
-    r = mem.offload_fraction
-    opt_off = b.offload_optimizer == OFFLOAD_CPU
-    par_off = (b.offload_param == OFFLOAD_CPU) & (stage == 3)
-    shard = np.where(stage >= 1, n, 1.0)
-    p_rank = p / shard
-
-    # --- compute windows (seconds per micro-step) ---------------------------------------
-    c_f = ct["gemm_f"] + ct["attn_f"] + ct["elem_f"] + ct["vgemm_f"] + ct["vattn_f"] + ct["velem_f"] + z
-    rec = ct["gemm_r"] + ct["attn_r"] + ct["elem_r"] + z
-    vrec = ct["vgemm_r"] + ct["vattn_r"] + ct["velem_r"] + z
-    c_b = ct["gemm_b"] + ct["attn_b"] + ct["elem_b"] + ct["vgemm_b"] + ct["vattn_b"] + ct["velem_b"] + rec + vrec
-
-    # --- ZeRO collectives ------------------------------------------------------------------
     rb, agb = b.reduce_bucket_size.astype(float), b.allgather_bucket_size.astype(float)
     grad_calls = np.ceil(p / rb)
     rs_full = collective_s(profile, "reduce_scatter", BF16 * p, grad_calls, n, intra)
-    n_ck, nv_ck = work.checkpointed_layers, work.vis_checkpointed_layers
-    vis_trained = counts.train_vision
-    mod_f = counts.modules_llm + counts.modules_vision
-    mod_b = counts.modules_llm + (counts.modules_vision if vis_trained else (2 if counts.modules_vision else 0))
-    mod_r = n_ck * LLM_MODULES_PER_LAYER + nv_ck * (VIT_MODULES_PER_LAYER if vis_trained else 0)
-    p_rec = n_ck * counts.layer + nv_ck * counts.vit_layer
-    p_fwd, p_bwd = float(counts.forward_params), float(counts.backward_params)
-    z3 = stage == 3
-    f_coll = np.where(z3, collective_s(profile, "all_gather", BF16 * p_fwd, mod_f, n, intra), 0.0)
-    b_coll_z3 = (collective_s(profile, "all_gather", BF16 * p_bwd, mod_b, n, intra)
-                 + collective_s(profile, "all_gather", BF16 * p_rec, mod_r, n, intra) + rs_full)
+    f_coll = np.where(z3, collective_s(profile, "all_gather", BF16 * ps.forward_params, ps.forward_modules, n, intra), 0.0)
+    b_coll_z3 = (collective_s(profile, "all_gather", BF16 * ps.backward_params, ps.backward_modules, n, intra)
+                 + collective_s(profile, "all_gather", BF16 * ps.recompute_params, ps.recompute_modules, n, intra)
+                 + rs_full)
     b_coll = np.select([stage == 2, z3], [rs_full, b_coll_z3], 0.0)
     b_coll_last = np.where(stage == 1, rs_full, b_coll)
-    boundary_coll = np.select(
-        [stage == 0, (stage == 1) | (stage == 2)],
+    boundary = np.select(
+        [stage == 0, lay.z12],
         [collective_s(profile, "all_reduce", BF16 * p, grad_calls, n, intra),
          collective_s(profile, "all_gather", BF16 * p, np.ceil(p / agb), n, intra)], 0.0)
+    return _Traffic(forward=f_coll, backward=b_coll, last_backward=b_coll_last), boundary
 
-    # --- host copies (bytes per parameter of the rank's partition, from DeepSpeed 0.19's code) --
+
+def _host_copies(profile: HardwareProfile, counts: ParamCounts, ps: _Passes, b: StrategyBatch,
+                 lay: Layout) -> tuple[_Traffic, np.ndarray]:
+    """Offload copies beside each window (bytes per parameter of the rank's partition, from
+    DeepSpeed 0.19's code), and the exposed upload of the updated parameters after a CPU step."""
+    n, stage, r = lay.gpus, lay.zero_stage, lay.offload_fraction
+    opt_off, par_off = lay.optimizer_offload, lay.param_offload
+    p = float(counts.trainable)
+    rb, agb = b.reduce_bucket_size.astype(float), b.allgather_bucket_size.astype(float)
     h2d, d2h = profile.host.h2d, profile.host.d2h
     part = p / n
     msg = np.minimum(BF16 * part, BF16 * rb)
@@ -237,7 +256,7 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
         return copy_s(h2d, bytes_per_param * part, msg)
 
     z12_off = opt_off & (stage <= 2)
-    z3_off = opt_off & z3
+    z3_off = opt_off & lay.z3
     # ZeRO-1/2 offload: at the boundary the partition's gradients go to the host as fp32 (cast on
     # the GPU, 4 bytes); ZeRO-2 with accumulation round-trips bf16 gradients through
     # accumulated_grads_in_cpu every micro-step. ZeRO-3 offload: the bf16 gradient partition
@@ -248,51 +267,69 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     b_copy_last = (np.where(z12_off, down(4.0 * r) + np.where(acc2, up(BF16), 0.0), 0.0)
                    + np.where(z3_off, down(BF16) + up(BF16) + down(4.0 * r), 0.0))
     # Parameter offload: the bf16 partition comes up for every pass.
-    f_copy = np.where(par_off, copy_s(h2d, BF16 * p_fwd / n, BF16 * p_fwd / n / max(mod_f, 1)), 0.0)
-    param_up_b = np.where(par_off, copy_s(h2d, BF16 * (p_bwd + p_rec) / n, BF16 * p_bwd / n / max(mod_b, 1)), 0.0)
+    f_copy = np.where(par_off, copy_s(h2d, BF16 * ps.forward_params / n,
+                                      BF16 * ps.forward_params / n / max(ps.forward_modules, 1)), 0.0)
+    param_up_b = np.where(par_off, copy_s(h2d, BF16 * (ps.backward_params + ps.recompute_params) / n,
+                                          BF16 * ps.backward_params / n / max(ps.backward_modules, 1)), 0.0)
     b_copy = b_copy + param_up_b
     b_copy_last = b_copy_last + param_up_b
     # After the CPU step the updated parameters come back as bf16 (cast on the host); with
     # parameter offload they stay there.
-    param_back = np.where(par_off, 0.0, r * BF16 * p_rank)
+    param_back = np.where(par_off, 0.0, r * BF16 * lay.trainable_per_rank)
     step_h2d = np.where(opt_off, copy_s(h2d, param_back, np.minimum(param_back, BF16 * agb)), 0.0)
-    # CPU checkpointing: each checkpoint goes down in forward and comes back in backward.
-    t = work.tokens_per_gpu
-    ck_layer = t * BF16 * a.hidden_size
-    ck_total = n_ck * ck_layer
-    ckpt_copy = np.where(b.cpu_checkpointing, copy_s(d2h, ck_total, ck_layer) + copy_s(h2d, ck_total, ck_layer), 0.0)
+    return _Traffic(forward=f_copy, backward=b_copy, last_backward=b_copy_last), step_h2d
 
-    # --- Ulysses all-to-alls (q, k, v, out per layer; same again in backward and recompute) --
-    sp = b.sp.astype(float)
-    a2a_bytes_layer = BF16 * t * (2 * a.hidden_size + 2 * a.kv_dim)
-    layers_a2a = 2 * a.num_layers + n_ck
-    a2a = collective_s(profile, "all_to_all", a2a_bytes_layer * layers_a2a, 4 * layers_a2a, sp,
-                       b.sp <= b.gpus_per_node)
 
-    # --- windows ---------------------------------------------------------------------------
-    wf = _overlap(profile, c_f, f_coll, f_copy, b.overlap_comm)
-    wbn = _overlap(profile, c_b, b_coll, b_copy, b.overlap_comm)
-    wbl = _overlap(profile, c_b, b_coll_last, b_copy_last, b.overlap_comm)
-    normal = ga - 1.0
+def _cpu_checkpoint_copy_s(workload: Workload, work: MicroStepWork, b: StrategyBatch,
+                           profile: HardwareProfile) -> np.ndarray:
+    """CPU checkpointing, per micro-step: each checkpoint goes down in forward and comes back in backward."""
+    ck_layer = work.tokens_per_gpu * BF16 * workload.arch.hidden_size
+    ck_total = work.checkpointed_layers * ck_layer
+    h2d, d2h = profile.host.h2d, profile.host.d2h
+    return np.where(b.cpu_checkpointing, copy_s(d2h, ck_total, ck_layer) + copy_s(h2d, ck_total, ck_layer), 0.0)
 
-    # --- optimizer ---------------------------------------------------------------------------
+
+def _ulysses_all_to_all_s(workload: Workload, work: MicroStepWork, b: StrategyBatch,
+                          profile: HardwareProfile) -> np.ndarray:
+    """Ulysses all-to-alls per micro-step: q, k, v and out per layer; the same again in backward and recompute."""
+    a = workload.arch
+    a2a_bytes_layer = BF16 * work.tokens_per_gpu * (2 * a.hidden_size + 2 * a.kv_dim)
+    layers_a2a = 2 * a.num_layers + work.checkpointed_layers
+    return collective_s(profile, "all_to_all", a2a_bytes_layer * layers_a2a, 4 * layers_a2a, b.sp.astype(float),
+                        b.sp <= b.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class _Optimizer:
+    gpu_s: np.ndarray  # FusedAdam over the GPU share of the state
+    cpu_busy_s: np.ndarray  # CPUAdam over the host share
+    cpu_exposed_s: np.ndarray  # what of it the step waits for
+
+
+def _optimizer(profile: HardwareProfile, b: StrategyBatch, lay: Layout, last_backward_s) -> _Optimizer:
+    r, p_rank = lay.offload_fraction, lay.trainable_per_rank
     hbm = profile.gpu.hbm_bandwidth.value * profile.overheads.compute_efficiency.value
     opt_gpu = GPU_ADAM_BYTES_PER_PARAM * (1 - r) * p_rank / hbm
-    threads = cpu_threads(b, profile)
-    per_node = profile.gpus_per_node.value
-    ranks = np.minimum(b.gpus, b.gpus_per_node)
-    cpu_rate = profile.host.cpu_adam_per_rank(threads, ranks, per_node)
+    cpu_rate = profile.host.cpu_adam_per_rank(cpu_threads(b, profile), lay.ranks_per_node,
+                                              profile.gpus_per_node.value)
     cpu_busy = r * p_rank / cpu_rate
     # SuperOffload steps each sub-group on the CPU as soon as its gradients are complete in
     # the last backward; all but the last sub-group's step can hide behind that backward.
     n_sub = np.maximum(1.0, np.ceil(p_rank / SUB_GROUP_SIZE))
-    last_bwd = c_b + wbl.extra
-    hidden_cap = np.maximum(cpu_busy / n_sub, cpu_busy - last_bwd * (n_sub - 1) / n_sub)
+    hidden_cap = np.maximum(cpu_busy / n_sub, cpu_busy - last_backward_s * (n_sub - 1) / n_sub)
+    z3_off = lay.optimizer_offload & lay.z3
     cpu_exposed = np.where(b.super_offload & z3_off, np.minimum(cpu_busy, hidden_cap), cpu_busy)
+    return _Optimizer(gpu_s=opt_gpu, cpu_busy_s=cpu_busy, cpu_exposed_s=cpu_exposed)
 
-    # --- DeepSpeed's own overheads -------------------------------------------------------------
+
+def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, b: StrategyBatch, lay: Layout,
+                          profile: HardwareProfile, normal_gpu_s, last_gpu_s) -> np.ndarray:
+    """DeepSpeed's fixed per-step and per-micro-step costs, its host-side offload work, and the
+    host's issue time where it outlasts the GPU's work."""
     ov = profile.overheads
-    passes = np.where(z3, mod_f + mod_b + mod_r, 0.0)
+    ga = b.grad_accum.astype(float)
+    per_node = profile.gpus_per_node.value
+    passes = np.where(lay.z3, ps.forward_modules + ps.backward_modules + ps.recompute_modules, 0.0)
     offload_per_gparam = np.where(b.super_offload, ov.super_offload_step_per_gparam.value,
                                   ov.offload_step_per_gparam.value)
     # DeepSpeed's host-side offload work (gradient norm and clipping, casts, copies into pinned
@@ -302,33 +339,61 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     # in the fitted constant, not scaled: SuperOffload on one GPU was not faster than on two.
     fitted_threads = profile.host.default_threads_per_rank(per_node)
     offload_per_gparam = (offload_per_gparam * profile.host.cpu_rate_on_threads(fitted_threads, per_node)
-                          / profile.host.cpu_rate_on_threads(threads, per_node))
-    overhead = ov.step.value + ga * ov.micro_step.value + np.where(opt_off, offload_per_gparam * r * p_rank / 1e9, 0.0)
+                          / profile.host.cpu_rate_on_threads(cpu_threads(b, profile), per_node))
+    overhead = ov.step.value + ga * ov.micro_step.value + np.where(
+        lay.optimizer_offload, offload_per_gparam * lay.offload_fraction * lay.trainable_per_rank / 1e9, 0.0)
     # The host issues each layer's work asynchronously; when a micro-step's GPU work is
     # shorter than the host's issue time, the GPU waits for the host (small models, short
     # sequences): that wait is exposed, the rest of the issue time hides behind the GPU.
     # Only decoder layers count: on H200 the vision tower (frozen or trained, batched over
     # frame groups) added no host-bound time to an otherwise identical run.
-    layer_passes = 2 * a.num_layers + n_ck
+    layer_passes = 2 * workload.arch.num_layers + work.checkpointed_layers
     # ZeRO-3's fetch/release hooks run on the same host thread that issues the kernels.
     host_issue = ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value
     host_issue = host_issue * (1.0 + ov.host_sync_per_doubling.value * np.log2(np.maximum(b.gpus, 1.0)))
+    return overhead + (ga - 1.0) * _host_wait(host_issue, normal_gpu_s) + _host_wait(host_issue, last_gpu_s)
+
+
+def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
+                b: StrategyBatch, profile: HardwareProfile) -> StepTiming:
+    lay = mem.layout
+    ct = _compute_times(profile, work)
+    z = np.zeros(len(b))
+    ga = b.grad_accum.astype(float)
+    normal = ga - 1.0  # micro-steps that do not end the accumulation
+
+    c_f = ct["gemm_f"] + ct["attn_f"] + ct["elem_f"] + ct["vgemm_f"] + ct["vattn_f"] + ct["velem_f"] + z
+    rec = ct["gemm_r"] + ct["attn_r"] + ct["elem_r"] + z
+    vrec = ct["vgemm_r"] + ct["vattn_r"] + ct["velem_r"] + z
+    c_b = ct["gemm_b"] + ct["attn_b"] + ct["elem_b"] + ct["vgemm_b"] + ct["vattn_b"] + ct["velem_b"] + rec + vrec
+
+    ps = _Passes.of(counts, work)
+    coll, boundary_coll = _zero_collectives(profile, counts, ps, b, lay)
+    copies, step_h2d = _host_copies(profile, counts, ps, b, lay)
+    ckpt_copy = _cpu_checkpoint_copy_s(workload, work, b, profile)
+    a2a = _ulysses_all_to_all_s(workload, work, b, profile)
+
+    wf = _overlap(profile, c_f, coll.forward, copies.forward, b.overlap_comm)
+    wbn = _overlap(profile, c_b, coll.backward, copies.backward, b.overlap_comm)
+    wbl = _overlap(profile, c_b, coll.last_backward, copies.last_backward, b.overlap_comm)
+
+    opt = _optimizer(profile, b, lay, c_b + wbl.extra)
     normal_gpu = c_f + c_b + wf.extra + wbn.extra
     last_gpu = c_f + c_b + wf.extra + wbl.extra
-    overhead = overhead + normal * _host_wait(host_issue, normal_gpu) + _host_wait(host_issue, last_gpu)
+    overhead = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, normal_gpu, last_gpu)
 
     phases = {
         "compute": ga * (ct["gemm_f"] + ct["gemm_b"]) + z,
         "attention": ga * (ct["attn_f"] + ct["attn_b"]) + z,
         "elementwise": ga * (ct["elem_f"] + ct["elem_b"]) + z,
         "recompute": ga * rec,
-        "optimizer_gpu": opt_gpu + z,
+        "optimizer_gpu": opt.gpu_s + z,
         "zero_comm": ga * wf.exposed_collective + normal * wbn.exposed_collective + wbl.exposed_collective
         + boundary_coll,
         "ulysses_all_to_all": ga * a2a,
         "host_transfer": ga * wf.exposed_copy + normal * wbn.exposed_copy + wbl.exposed_copy + step_h2d
         + ga * ckpt_copy,
-        "cpu_optimizer": cpu_exposed + z,
+        "cpu_optimizer": opt.cpu_exposed_s + z,
         "overlap_contention": ga * wf.contention + normal * wbn.contention + wbl.contention,
         "deepspeed_overhead": overhead + z,
         "vision_compute": ga * (ct["vgemm_f"] + ct["vgemm_b"] + ct["vattn_f"] + ct["vattn_b"]
@@ -339,4 +404,4 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     step = sum(phases.values())
     overlapped = ga * wf.overlapped_compute + normal * wbn.overlapped_compute + wbl.overlapped_compute
     return StepTiming(phase_time_s=phases, step_time_s=step, overlapped_compute_s=overlapped,
-                      cpu_optimizer_busy_s=cpu_busy + z)
+                      cpu_optimizer_busy_s=opt.cpu_busy_s + z)

@@ -37,12 +37,11 @@ from models.memory import (
     LOSS_TENSORS,
     MAX_LIVE_PARAMETERS,
     MOMENTS,
-    SUB_GROUP_SIZE,
     activation_bytes_per_token,
     estimate,
     model_states,
-    offload_fraction,
 )
+from models.layout import SUB_GROUP_SIZE, Layout, offload_fraction
 from models.params import count_params
 from models.profile import load_profile
 from models.strategy import Strategy, StrategyBatch
@@ -59,9 +58,12 @@ def _counts(model: str):
     return count_params(Workload(load_architecture(model), 4096))
 
 
-def _states(counts, gpus, stage, opt=0, ratio=1.0, param=0, ga=1):
-    return model_states(counts, np.array([gpus]), np.array([stage]), np.array([opt]), np.array([ratio]),
-                        np.array([param]), np.array([ga]))
+def _states(counts, gpus, stage, opt=0, ratio=1.0, param=0, ga=1, super_offload=(False,)):
+    b = StrategyBatch.from_strategies([
+        Strategy(gpus=gpus, gpus_per_node=gpus, zero_stage=stage, offload_optimizer="cpu" if opt else "none",
+                 offload_ratio=ratio, offload_param="cpu" if param else "none", grad_accum=ga, super_offload=sup)
+        for sup in super_offload])
+    return model_states(counts, Layout.of(b, counts), b.grad_accum, b.super_offload)
 
 
 def _gpu_host(counts, gpus, stage, **kw):
@@ -277,8 +279,7 @@ def test_partial_zero3_offload_keeps_the_gpu_sub_groups_whole_state_on_the_gpu()
 def test_superoffload_adds_its_workers_gradient_buffer_on_the_host():
     c = _counts("llama-2-7b")
     p = c.trainable
-    s = model_states(c, np.array([4, 4]), np.array([3, 3]), np.array([1, 1]), np.array([1.0, 1.0]),
-                     np.array([0, 0]), np.array([1, 1]), np.array([False, True]))
+    s = _states(c, 4, 3, opt=1, super_offload=(False, True))
     extra = float(s.host_bytes_per_rank[1] - s.host_bytes_per_rank[0])
     assert extra == 4 * min(p / 4, SUB_GROUP_SIZE)
     assert float(s.gpu_bytes[0]) == float(s.gpu_bytes[1])
