@@ -11,13 +11,8 @@
 set -u
 budget=$1; shift
 end=$(( $(date +%s) + budget ))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DS_SKIP_CUDA_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
-{ date -u; nproc; free -g | head -2; nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu,power.draw --format=csv; nvidia-smi topo -m;
-  python3 -c 'import torch, deepspeed, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count()); print("deepspeed", deepspeed.__version__)'; } > "$STATE/machine.txt" 2>&1
-head -n 4 "$STATE/machine.txt"
+source "$(dirname "$0")/device_setup.sh" "$STATE/machine.txt" || exit 1
 left() { echo $(( end - $(date +%s) - 40 )); }
 for step in "$@"; do
   [ "$(left)" -gt 60 ] || { echo "skipped $step: the budget is spent"; continue; }

@@ -5,14 +5,8 @@
 # Needs the wheelhouse in .whl/ (advisor wheelhouse --out .whl --python-version 3.12).
 set -u
 mode=$1; shift
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DS_SKIP_CUDA_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
-{ date -u; nproc; nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu,power.draw --format=csv; nvidia-smi topo -m;
-  python3 -c 'import torch, deepspeed, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count()); print("deepspeed", deepspeed.__version__)'; } > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
-gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+source "$(dirname "$0")/device_setup.sh" "$OUT/machine.txt" || exit 1
 case $mode in
   calibrate)
     budget=$1

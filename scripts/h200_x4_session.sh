@@ -6,14 +6,8 @@
 set -u
 budget=$1; shift
 end=$(( $(date +%s) + budget ))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DS_SKIP_CUDA_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
-{ date -u; nproc; free -g | head -2; nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu,power.draw --format=csv; nvidia-smi topo -m;
-  python3 -c 'import torch, deepspeed, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count()); print("deepspeed", deepspeed.__version__)'; } > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
-gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+source "$(dirname "$0")/device_setup.sh" "$OUT/machine.txt" || exit 1
 if [ ! -f "$STATE/collectives.done" ]; then
   timeout $(( end - $(date +%s) - 30 )) python3 -m advisor.cli calibrate --gpus "$gpus" --name h200 \
     --only collective --only overlap --fill-from data/profiles/h200.json --out "$STATE/h200-x$gpus-collectives.json" 2>&1 | tail -n 40 \
