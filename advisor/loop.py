@@ -158,11 +158,10 @@ def measured_pick(measured: list[Measured], objective: str, max_slowdown: float)
 def plan_dict(result: SearchResult, chosen: list[Chosen], band: Band | None, seq_len: int) -> list[dict]:
     """The chosen strategies with their predictions and bands, as committed before any run."""
     from advisor.bands import band_fields
-    from advisor.recommend import point_dict
 
     out = []
     for ch in chosen:
-        point = point_dict(result, ch.index, seq_len)
+        point = result.point(ch.index, seq_len)
         out.append({"why": ch.why, **point, **band_fields(band, point["step_time_s"], point["energy_j"])})
     return out
 

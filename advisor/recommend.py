@@ -63,25 +63,6 @@ def run_search(problem: Problem, method: str, trials: int, objective: str, max_s
     return result
 
 
-def point_dict(result: SearchResult, i: int, seq_len: int) -> dict:
-    from advisor.strategy_flags import flags_for
-
-    c = result.candidates
-    s = c.strategies[i]
-    m = {k: float(v[i]) for k, v in c.metrics.items()}
-    return {
-        "label": s.label(),
-        "strategy": asdict(s),
-        "predict_flags": flags_for(s),
-        **m,
-        "tokens_per_s": s.global_batch * seq_len / m["step_time_s"],
-        "global_batch": s.global_batch,
-        "steps": int(c.steps[i]),
-        "run_time_s": float(c.run_time_s[i]),
-        "run_energy_j": float(c.run_energy_j[i]),
-    }
-
-
 def search_notes(result: SearchResult, global_batch: int, extra: list[str]) -> list[str]:
     """What the user should know about how the pick was reached, one line each."""
     notes = list(extra) + list(result.notes)
@@ -184,7 +165,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
     others = alternatives(result, req.objective, req.max_slowdown)
 
     def point(i):
-        p = point_dict(result, i, workload.seq_len)
+        p = result.point(i, workload.seq_len)
         return {**p, **band_fields(band, p["step_time_s"], p["energy_j"])}
 
     loop = None

@@ -12,12 +12,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from advisor.space import Space
+from advisor.strategy_flags import flags_for
 from advisor.study_storage import MirroredStudy
 from models.architecture import Architecture
 from models.strategy import Strategy, StrategyBatch
@@ -86,6 +87,23 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     trials_before: int = 0  # trials a resumed study already held (0: a new study)
     trials_total: int = 0  # trials the study holds now (this run's and earlier ones)
+
+    def point(self, i: int, seq_len: int) -> dict:
+        """Candidate i as the JSON of `recommend` shows it: strategy, flags and predicted metrics."""
+        c = self.candidates
+        s = c.strategies[i]
+        m = {k: float(v[i]) for k, v in c.metrics.items()}
+        return {
+            "label": s.label(),
+            "strategy": asdict(s),
+            "predict_flags": flags_for(s),
+            **m,
+            "tokens_per_s": s.global_batch * seq_len / m["step_time_s"],
+            "global_batch": s.global_batch,
+            "steps": int(c.steps[i]),
+            "run_time_s": float(c.run_time_s[i]),
+            "run_energy_j": float(c.run_energy_j[i]),
+        }
 
 
 def run_steps(problem: Problem, global_batch: np.ndarray) -> np.ndarray:
