@@ -175,7 +175,7 @@ def static_mask(b: StrategyBatch, arch: Architecture) -> np.ndarray:
     opt_cpu = b.offload_optimizer == OFFLOAD_CPU
     par_cpu = b.offload_param == OFFLOAD_CPU
     sp1 = np.maximum(sp, 1)
-    nodes = -(-gpus // np.maximum(b.gpus_per_node, 1))
+    nodes = b.nodes
     ratio = b.offload_ratio
     bad = (
         ~np.isin(stage, (0, 1, 2, 3))
@@ -222,7 +222,7 @@ def predict_batch(workload: Workload, batch: StrategyBatch, profile: HardwarePro
         mem = memory.estimate(workload, counts, work, b, profile)
         tm = timing.step_timing(workload, counts, work, mem, b, profile)
         en = energy_mod.step_energy(tm, b, profile)
-        global_batch = b.micro_batch * (b.gpus // np.maximum(b.sp, 1)) * b.grad_accum
+        global_batch = b.micro_batch * b.dp * b.grad_accum
         tokens_per_s = global_batch * workload.seq_len / tm.step_time_s
     peak_gpu = mem.peak_gpu_bytes / GIB
     peak_host = mem.host_bytes_per_node / GIB

@@ -166,11 +166,12 @@ class StrategyBatch:
 
     @property
     def dp(self) -> np.ndarray:
-        return self.gpus // self.sp
+        """Data-parallel ranks; refused strategies (sp or GPUs per node below 1) still get a number."""
+        return self.gpus // np.maximum(self.sp, 1)
 
     @property
     def nodes(self) -> np.ndarray:
-        return -(-self.gpus // self.gpus_per_node)
+        return -(-self.gpus // np.maximum(self.gpus_per_node, 1))
 
     def strategy(self, i: int) -> Strategy:
         names = {v: k for k, v in OFFLOAD_NAMES.items()}
