@@ -98,9 +98,10 @@ BandwidthCurve = Annotated[Curve, _curve_units("bytes", "bytes/s")]
 
 
 class Provenance(_Strict):
-    """Where the numbers came from. `kind` is datasheet, measured, fitted or cpu."""
+    """Where the numbers came from. `kind` is datasheet, measured, fitted, derived (a measured
+    profile scaled by datasheet ratios: `python -m calibration.derive`) or cpu."""
 
-    kind: Literal["datasheet", "measured", "fitted", "cpu"]
+    kind: Literal["datasheet", "measured", "fitted", "derived", "cpu"]
     date: str
     machine: str
     gpu: str
@@ -363,6 +364,8 @@ class HardwareProfile(_Strict):
             "datasheet": f"{self.name}: datasheet figures, not measured; run `advisor calibrate` on your machine",
             "measured": f"{self.name}: measured on {p.gpu} ({p.date}), not yet fitted to real runs",
             "fitted": f"{self.name}: measured on {p.gpu} and fitted to real runs ({p.date})",
+            "derived": f"{self.name}: derived from another machine's measurements by datasheet ratios, not measured; "
+                       "run `advisor calibrate` on your machine",
             "cpu": f"{self.name}: measured on a CPU without a GPU; for tests, not for decisions",
         }[p.kind]
 

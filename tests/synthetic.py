@@ -38,13 +38,29 @@ TRUE_VALUES = {
 
 NEUTRAL_OVERHEADS = {f"overheads.{k}": 0.0 for k in (
     "step", "micro_step", "layer_pass", "zero3_module_pass", "offload_step_per_gparam", "super_offload_step_per_gparam")}
+# Where every fit starts, whatever the shipped gh200 holds: efficiencies 1, early overlap figures,
+# datasheet-era powers (W).
+START_VALUES = {
+    **NEUTRAL_OVERHEADS,
+    "overheads.compute_efficiency": 1.0,
+    "overheads.comm_efficiency": 1.0,
+    "overlap.compute_slowdown_with_collective": 0.188,
+    "overlap.collective_slowdown_with_compute": 0.65,
+    "power.gpu.idle": 120.0,
+    "power.gpu.wait": 205.0,
+    "power.gpu.compute": 680.0,
+    "power.gpu.memory_bound": 590.0,
+    "power.gpu.collective": 410.0,
+    "power.gpu.host_copy": 216.0,
+    "power.gpu.overlap": 680.0,
+    "memory.host_process_per_rank": 0.0,
+}
 
 
 def base_profile() -> HardwareProfile:
-    """gh200 with a GPU-only meter (GPU energy is GPU power alone, as on H200, idle 120 W) and no
-    DeepSpeed overheads, so every fit starts from neutral values, away from the synthetic truth."""
-    p = with_values(load_profile("gh200"), {**NEUTRAL_OVERHEADS, "power.gpu.idle": 120.0,
-                                            "memory.host_process_per_rank": 0.0})
+    """gh200 with a GPU-only meter (GPU energy is GPU power alone, as on H200, idle 120 W) and the
+    START_VALUES, so every fit starts from neutral values, away from the synthetic truth."""
+    p = with_values(load_profile("gh200"), START_VALUES)
     return p.model_copy(update={"power": p.power.model_copy(update={"nvml_scope": "gpu"})})
 
 

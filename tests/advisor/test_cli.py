@@ -236,7 +236,7 @@ def test_a_resumed_study_says_so(tmp_path):
 
 def test_the_table_says_how_far_to_trust_the_profile_and_names_the_families():
     result = run("recommend", "--model", "7B", "--seq", "32k", "--trials", "60")
-    assert "gh200: datasheet figures, not measured; run `advisor calibrate`" in result.output
+    assert "gh200: derived from another machine's measurements by datasheet ratios, not measured" in result.output
     assert "Best of each family" in result.output
     assert "h200: measured on NVIDIA H200 and fitted to real runs" in run(
         "predict", "--model", "7B", "--seq", "4k", "--profile", "h200").output

@@ -21,7 +21,7 @@ from models.fit import (
 from models.predict import predict
 from models.profile import parse_profile
 
-# Tolerances for 52 runs with 0.5% noise, started from the gh200 datasheet values (efficiencies
+# Tolerances for 52 runs with 0.5% noise, started from tests/synthetic.START_VALUES (efficiencies
 # 1.0, overheads 0, powers 680/205/410/590 W): what the sweep's mix of runs pins down well.
 TOLERANCE = {
     "overheads.compute_efficiency": 0.01,

@@ -32,7 +32,7 @@ def test_7b_32k_on_four_gh200_with_zero3_is_feasible_and_its_breakdown_sums(gh20
     assert pred.tokens_per_s == pytest.approx(4 * 32768 / pred.step_time_s)
     # 4 GPUs x 32k tokens of a 7B model are ~8.6 PFLOP with recomputation: seconds, not ms or hours
     assert 2.0 < pred.step_time_s < 30.0
-    assert pred.profile.startswith("gh200 (datasheet")
+    assert pred.profile.startswith("gh200 (derived")
 
 
 def test_to_dict_is_the_predict_json(gh200):
@@ -56,8 +56,10 @@ def test_too_little_gpu_memory_is_reported_with_numbers(gh200):
 
 def test_framework_reserve_and_fragmentation_count_in_the_need():
     s = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, checkpoint_every=1)
-    base = predict(W7_32K, s, profile_with({"memory.framework_reserved": 0.0, "memory.fragmentation": 0.0}))
-    more = predict(W7_32K, s, profile_with({"memory.framework_reserved": 3.0, "memory.fragmentation": 0.25}))
+    base = predict(W7_32K, s, profile_with({"memory.framework_reserved": 0.0, "memory.fragmentation": 0.0,
+                                            "memory.fragmentation_checkpointed": 0.0}))
+    more = predict(W7_32K, s, profile_with({"memory.framework_reserved": 3.0, "memory.fragmentation": 0.05,
+                                            "memory.fragmentation_checkpointed": 0.25}))
     assert base.peak_gpu_mem_gib == pytest.approx(base.allocated_gpu_mem_gib)
     assert more.peak_gpu_mem_gib == pytest.approx(1.25 * base.allocated_gpu_mem_gib + 3.0)
 

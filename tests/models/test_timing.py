@@ -18,6 +18,22 @@ from models.workload import Workload
 
 W7 = Workload(load_architecture("llama-2-7b"), 4096)
 P7 = count_params(W7).trainable
+# The formulas below are checked by hand on gh200 at unit efficiencies, each collective one
+# alpha-beta pair whatever the group size, and host copies at one rate whatever their size.
+FLAT_LINK = {"x_unit": "bytes", "y_unit": "bytes/s", "x": [1.0], "y": [386e9], "source": "a flat link for the tests"}
+PLAIN = {"overheads.compute_efficiency": 1.0, "overheads.comm_efficiency": 1.0,
+         "host.h2d": FLAT_LINK, "host.d2h": FLAT_LINK,
+         **{f"{net}.{op}.by_group_size": [] for net in ("intra_node", "inter_node")
+            for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")}}
+
+
+def _with(values: dict) -> object:
+    return profile_with({**PLAIN, **values})
+
+
+@pytest.fixture(scope="module")
+def gh200():
+    return _with({})
 
 
 def _phases(strategy: Strategy, profile, workload=W7) -> dict[str, float]:
@@ -43,7 +59,7 @@ def test_gemm_time_follows_the_profile_curve_at_each_shape(gh200):
     expected = sum(float((g.fwd_flops + g.bwd_flops) / gh200.gpu.gemm_bf16(g.flops_per_call)) for g in work.gemms)
     ph = _phases(Strategy(gpus=1, gpus_per_node=1), gh200)
     assert ph["compute"] == pytest.approx(expected, rel=1e-12)
-    slow = profile_with({"overheads.compute_efficiency": 0.5})
+    slow = _with({"overheads.compute_efficiency": 0.5})
     assert _phases(Strategy(gpus=1, gpus_per_node=1), slow)["compute"] == pytest.approx(2 * expected, rel=1e-12)
 
 
@@ -85,7 +101,7 @@ def test_groups_spanning_nodes_use_the_inter_node_network(gh200):
 
 
 def test_overlap_window_two_regimes_and_continuity():
-    p = profile_with({"overlap.compute_slowdown_with_collective": 0.2,
+    p = _with({"overlap.compute_slowdown_with_collective": 0.2,
                       "overlap.collective_slowdown_with_compute": 0.5,
                       "overlap.compute_slowdown_with_copy": 0.0})
     on = np.array([True])
@@ -123,7 +139,7 @@ def test_overlap_comm_hides_zero3_traffic_behind_long_compute(gh200):
 
 @pytest.mark.parametrize("sp, ck, ga", [(2, 0, 1), (4, 1, 2), (2, 4, 3)])
 def test_ulysses_four_all_to_alls_per_layer_each_way_and_in_recompute(sp, ck, ga):
-    p = profile_with({"intra_node.all_to_all.bus_bandwidth": 1e30, "inter_node.all_to_all.bus_bandwidth": 1e30})
+    p = _with({"intra_node.all_to_all.bus_bandwidth": 1e30, "inter_node.all_to_all.bus_bandwidth": 1e30})
     alpha = p.intra_node.all_to_all.alpha.value
     s = Strategy(gpus=4, gpus_per_node=4, sp=sp, checkpoint_every=ck, grad_accum=ga)
     recomputed = 0 if ck == 0 else math.ceil(32 / ck)
@@ -150,7 +166,7 @@ def test_threads_per_rank_set_the_cpu_optimizer_and_deepspeed_host_work():
     """One thread per rank (torchrun's default) against the cores shared out: CPUAdam at the measured
     curve's rate, and DeepSpeed's host-side offload work slowed by the same ratio from the threads
     the overheads were fitted at (the profile's default: 32 cores / 2 GPUs = 16)."""
-    profile = profile_with({"host.cpu_adam_threads": THREADS_CURVE, "host.cores": 32.0, "gpus_per_node": 2.0,
+    profile = _with({"host.cpu_adam_threads": THREADS_CURVE, "host.cores": 32.0, "gpus_per_node": 2.0,
                             "overheads.offload_step_per_gparam": 0.2})
     s16 = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=16)
     s1 = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=1)
@@ -166,7 +182,7 @@ def test_threads_per_rank_set_the_cpu_optimizer_and_deepspeed_host_work():
 
 def test_superoffload_hides_all_but_the_last_sub_group_behind_the_backward():
     # Without DeepSpeed's fitted per-parameter offload overheads, which differ between the two modes.
-    gh200 = profile_with({"overheads.offload_step_per_gparam": 0.0, "overheads.super_offload_step_per_gparam": 0.0})
+    gh200 = _with({"overheads.offload_step_per_gparam": 0.0, "overheads.super_offload_step_per_gparam": 0.0})
     w = Workload(load_architecture("llama-2-7b"), 32768)
     sync = predict(w, Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu",
                                checkpoint_every=1), gh200)
@@ -187,7 +203,7 @@ def test_superoffload_hides_all_but_the_last_sub_group_behind_the_backward():
 
 def test_optimizer_offload_moves_gradients_down_and_parameters_up(gh200):
     rate = float(gh200.host.d2h(1e9))
-    assert rate == float(gh200.host.h2d(1e9))  # the shipped curves are flat: one rate for both
+    assert rate == float(gh200.host.h2d(1e9))  # PLAIN's links are flat: one rate for both
     per_byte = P7 / 4 / rate  # seconds per byte per parameter of a rank's partition
     # ZeRO-2: fp32 gradients down at the boundary (4 bytes), bf16 parameters up after the step (2)
     s = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", overlap_comm=False)
@@ -214,7 +230,7 @@ def test_cpu_checkpointing_copies_each_checkpoint_down_and_up(gh200):
 
 
 def test_deepspeed_overheads_add_per_step_micro_step_and_offloaded_parameter():
-    p = profile_with({"overheads.step": 0.5, "overheads.micro_step": 0.01, "overheads.zero3_module_pass": 0.0,
+    p = _with({"overheads.step": 0.5, "overheads.micro_step": 0.01, "overheads.zero3_module_pass": 0.0,
                       "overheads.offload_step_per_gparam": 0.2, "overheads.layer_pass": 0.0})
     s = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", grad_accum=2)
     assert _phases(s, p)["deepspeed_overhead"] == pytest.approx(0.5 + 2 * 0.01 + 0.2 * P7 / 4 / 1e9)
@@ -225,7 +241,7 @@ def test_deepspeed_overheads_add_per_step_micro_step_and_offloaded_parameter():
 def test_zero3_hooks_are_host_issue_time_hidden_only_behind_longer_gpu_work():
     small = Workload(load_architecture("qwen2.5-0.5b"), 2048)
     c = count_params(small)
-    p = profile_with({"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 0.0,
+    p = _with({"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 0.0,
                       "overheads.zero3_module_pass": 1e-3})
     z3 = _phases(Strategy(zero_stage=3), p, small)
     host_s = 2 * c.modules_llm * 1e-3  # fetch/release hooks of every module, forward and backward
@@ -237,7 +253,7 @@ def test_zero3_hooks_are_host_issue_time_hidden_only_behind_longer_gpu_work():
 
 
 def test_host_issue_floor_shows_only_when_the_gpu_work_is_shorter():
-    p = profile_with({"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 3e-3})
+    p = _with({"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 3e-3})
     small = Workload(load_architecture("qwen2.5-0.5b"), 2048)  # GPU work ~10 ms per micro-step
     one, four = (_phases(Strategy(grad_accum=ga), p, small)["deepspeed_overhead"] for ga in (1, 4))
     host_s = 3e-3 * 2 * 24  # forward and backward of 24 layers
@@ -264,8 +280,8 @@ def test_vision_phases_frozen_and_trained(gh200):
 def test_host_issue_time_grows_per_doubling_of_the_ranks():
     base = {"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 3e-3}
     small = Workload(load_architecture("qwen2.5-0.5b"), 2048)  # host-bound: the GPU waits for the host
-    flat = profile_with(dict(base, **{"overheads.host_sync_per_doubling": 0.0}))
-    growing = profile_with(dict(base, **{"overheads.host_sync_per_doubling": 0.5}))
+    flat = _with(dict(base, **{"overheads.host_sync_per_doubling": 0.0}))
+    growing = _with(dict(base, **{"overheads.host_sync_per_doubling": 0.5}))
     one = Strategy(zero_stage=2)
     four = Strategy(zero_stage=2, gpus=4, gpus_per_node=4)
     assert _phases(one, growing, small)["deepspeed_overhead"] == pytest.approx(
@@ -294,7 +310,7 @@ def test_collectives_use_the_bandwidth_measured_for_their_group_size(gh200):
 def test_ranks_of_a_node_share_its_memory_bandwidth_for_the_cpu_optimizer():
     """CPUAdam is memory-bound: 4 ranks of 16 threads step at the all-core rate over 4 however fast
     16 threads are alone (on the 4-GPU H200 node that took 7B's ZeRO-2 offload step from -45% to -15%)."""
-    profile = profile_with({"host.cpu_adam_threads": THREADS_CURVE, "host.cores": 64.0, "gpus_per_node": 4.0,
+    profile = _with({"host.cpu_adam_threads": THREADS_CURVE, "host.cores": 64.0, "gpus_per_node": 4.0,
                             "host.cpu_adam": 4e9})
     four = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=16)
     one = Strategy(gpus=1, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=16)

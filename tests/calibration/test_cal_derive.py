@@ -1,0 +1,80 @@
+"""A profile derived from a measured one by datasheet ratios (calibration.derive)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calibration.derive import DeriveError, Datasheet, derive_profile, load_datasheet, main
+from models.profile import load_profile
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def derived():
+    return derive_profile(load_profile("h200"), load_datasheet("h200"), load_datasheet("gh200"), "2026-11-30")
+
+
+def test_datasheet_figures_scale_the_measurements(derived):
+    h200 = load_profile("h200")
+    # HBM 4.0 against 4.8 TB/s: the measured H200 copy rate times 5/6
+    assert derived.gpu.hbm_bandwidth.value == pytest.approx(h200.gpu.hbm_bandwidth.value * 4.0 / 4.8)
+    # NVLink-C2C 450 GB/s against PCIe Gen5 x16's 64 GB/s, at every copy size
+    for size in (2**16, 2**24, GIB):
+        assert float(derived.host.h2d(size)) == pytest.approx(float(h200.host.h2d(size)) * 450 / 64)
+    # NVLink 150 against 450 GB/s per GPU, at every measured group size; latencies as measured
+    ag, ref = derived.intra_node.all_gather, h200.intra_node.all_gather
+    assert [p.bus_bandwidth.value for p in ag.by_group_size] == pytest.approx(
+        [p.bus_bandwidth.value / 3 for p in ref.by_group_size])
+    assert ag.alpha.value == ref.alpha.value
+    # the same bf16 peak: the measured GEMM and attention rates carry over unchanged
+    assert derived.gpu.gemm_bf16.y == pytest.approx(h200.gpu.gemm_bf16.y)
+
+
+def test_what_no_datasheet_states_is_the_reference_s(derived):
+    h200 = load_profile("h200")
+    assert derived.overheads.compute_efficiency.value == h200.overheads.compute_efficiency.value
+    for name in ("compute_slowdown_with_collective", "collective_slowdown_with_compute"):
+        q = getattr(derived.overlap, name)
+        assert q.value == getattr(h200.overlap, name).value
+        assert q.source.startswith("from the h200 profile") and "no datasheet figure" in q.source
+    assert derived.memory.fragmentation_checkpointed.value == h200.memory.fragmentation_checkpointed.value
+    assert derived.fit is None and derived.provenance.kind == "derived"
+
+
+def test_module_power_adds_the_cpu_idle_and_stays_under_the_cap(derived):
+    h200, sheet = load_profile("h200"), load_datasheet("gh200")
+    extra = sheet.module_host_idle.value
+    assert derived.power.gpu.idle.value == pytest.approx(h200.power.gpu.idle.value + extra)
+    assert derived.power.gpu.collective.value == pytest.approx(h200.power.gpu.collective.value + extra)
+    assert derived.power.gpu.compute.value == sheet.power_cap.value  # 700 + 80 W capped at the module's 680
+    assert "capped at 680 W" in derived.power.gpu.compute.source
+
+
+def test_the_trust_line_says_derived_not_measured(derived):
+    assert derived.trust().startswith("gh200: derived from another machine's measurements")
+
+
+def test_a_target_sheet_missing_a_figure_is_one_line():
+    sheet = load_datasheet("gh200").model_copy(update={"host_cores": None})
+    with pytest.raises(DeriveError, match="lacks host_cores"):
+        derive_profile(load_profile("h200"), load_datasheet("h200"), sheet, "2026-11-30")
+
+
+def test_command_writes_and_refuses(tmp_path, capsys):
+    out = tmp_path / "gh200.json"
+    main(["--reference", "h200", "--datasheet", "gh200", "--date", "2026-11-30", "--out", str(out)])
+    assert json.loads(out.read_text())["provenance"]["kind"] == "derived"
+    with pytest.raises(SystemExit, match="error: .*gh200.* derived profile: derive from a measured one"):
+        main(["--reference", "gh200", "--datasheet", "gh200", "--date", "2026-11-30", "--out", str(out)])
+    with pytest.raises(SystemExit, match="error: datasheet not found"):
+        main(["--reference", "h200", "--datasheet", "no-such", "--date", "2026-11-30", "--out", str(out)])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x"}))
+    with pytest.raises(SystemExit, match="error: .*not a datasheet"):
+        main(["--reference", "h200", "--datasheet", str(bad), "--date", "2026-11-30", "--out", str(out)])
+
+
+def test_datasheets_shipped_parse():
+    assert isinstance(load_datasheet("gh200"), Datasheet) and isinstance(load_datasheet("h200"), Datasheet)
