@@ -6,12 +6,16 @@
 # one archive.
 #   bash scripts/h200_loop_session.sh BUDGET_S STEP [STEP ...]
 # Steps: threads (calibrate CPUAdam at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
-# traced for memory when its name has "memory"), loop:NAME (recommend --validate with the arguments
-# in data/sweeps/NAME.args, one per line).
+# traced for memory when its name has "memory", and profiled one after another, ADVISOR_STEP_PROFILE,
+# when it has "structure"), loop:NAME (recommend --validate with the arguments in
+# data/sweeps/NAME.args, one per line).
+# A machine that went back between calls loses /tmp/state: carry the last call's archive as
+# .device_state/state.tgz and the runs it holds are not made again.
 set -u
 budget=$1; shift
 end=$(( $(date +%s) + budget ))
 OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
+[ -f .device_state/state.tgz ] && [ ! -e "$STATE/machine.txt" ] && tar xzf .device_state/state.tgz -C "$STATE"
 source "$(dirname "$0")/device_setup.sh" "$STATE/machine.txt" || exit 1
 left() { echo $(( end - $(date +%s) - 40 )); }
 for step in "$@"; do
@@ -24,10 +28,12 @@ for step in "$@"; do
         && [ -f "$STATE/h200-threads.json" ] && touch "$STATE/threads.done" ;;
     sweep:*)
       sweep=${step#sweep:}; name=$(basename "$sweep" .jsonl)
-      trace=0; case $name in *memory*) trace=1 ;; esac
-      ADVISOR_MEMORY_TRACE=$trace python3 -m advisor.cli validate --sweep "$sweep" --profile h200 \
-        --store "$STATE/runs.db" --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/$name" --budget "$(left)" \
-        --timeout 300 2>&1 | tail -n 30 ;;
+      trace=0; profile=0; order=--parallel
+      case $name in *memory*) trace=1 ;; esac
+      case $name in *structure*) profile=1; order=--serial ;; esac
+      ADVISOR_MEMORY_TRACE=$trace ADVISOR_STEP_PROFILE=$profile python3 -m advisor.cli validate --sweep "$sweep" \
+        --profile h200 --store "$STATE/runs.db" --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/$name" \
+        --budget "$(left)" --timeout 300 $order 2>&1 | tail -n 30 ;;
     loop:*)
       name=${step#loop:}
       mapfile -t args < "data/sweeps/$name.args"
@@ -37,6 +43,7 @@ for step in "$@"; do
   esac
 done
 find "$STATE" -name memory_trace.json | while read -r f; do cp "$f" "$STATE/trace-$(basename "$(dirname "$f")").json"; done
+find "$STATE" -name step_profile.json | while read -r f; do cp "$f" "$STATE/profile-$(basename "$(dirname "$f")").json"; done
 tar czf "$OUT/state.tgz" -C "$STATE" --exclude='*.db-wal' --exclude='*.db-shm' . 2>/dev/null
 cp "$STATE/machine.txt" "$OUT/"
 ls -la "$OUT"

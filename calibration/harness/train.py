@@ -101,7 +101,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     import torch
     from deepspeed import comm as dist
 
-    from calibration.harness import memory_trace
+    from calibration.harness import memory_trace, step_profile
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
     from calibration.harness.window import MeasuredWindow, torch_agree
@@ -209,6 +209,8 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     sampler.sample()
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
                                torch.cuda.max_memory_reserved() if cuda else None, sampler.peak_bytes, host_baseline)
+    if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing
+        step_profile.profile_steps(step, sync, rank == 0, "step_profile.json", cuda)
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     optimizer_names = (type(engine.basic_optimizer).__name__, type(engine.optimizer).__name__)

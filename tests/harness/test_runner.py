@@ -28,8 +28,10 @@ def check_measured(result: RunResult, steps: int, world: int):
 
 
 @pytest.mark.slow
-def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model):
-    """ZeRO 0 runs in test_sweep, 1 with offload and 2 below; 3 here and with Ulysses."""
+def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model, monkeypatch):
+    """ZeRO 0 runs in test_sweep, 1 with offload and 2 below; 3 here and with Ulysses. Its two
+    profiled steps come after the window and name DeepSpeed's ZeRO-3 step."""
+    monkeypatch.setenv("ADVISOR_STEP_PROFILE", "1")
     stage = 3
     c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(stage), strategy={"cpu_threads_per_rank": 1})
     result = run_candidate(c, tmp_path, QUICK)
@@ -37,6 +39,8 @@ def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model):
     assert result.cpu_threads_per_rank == 1  # the candidate's thread count is what the rank ran with
     assert (tmp_path / c.key() / "result.json").exists()
     assert result.layout["zero_stage"] == stage and result.layout["optimizer"] == "AdamW"  # torch_adam on CPU
+    profile = json.loads((tmp_path / c.key() / "step_profile.json").read_text())
+    assert any("stage3.py" in r["function"] and r["function"].endswith(" step") for r in profile["deepspeed_functions"])
 
 
 @pytest.mark.slow
