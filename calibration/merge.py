@@ -5,7 +5,8 @@
 A profile fitted to real runs should not be recalibrated from scratch to learn one more thing:
 this keeps every other constant (and its fit) and replaces what RAW measured. Collectives: the
 intra-node alpha-beta constants at each group size (2, 4, 8 ...), the node-wide group as the
-headline values. The CPU optimizer against threads: `host.cpu_adam_threads`. Sources name RAW.
+headline values. The CPU optimizer against threads: `host.cpu_adam_threads`; the parameter refresh
+against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`. Sources name RAW.
 """
 from __future__ import annotations
 
@@ -36,12 +37,16 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
                 raise ValueError(f"{raw_path}: {'; '.join(builder.missing)}")
             data["intra_node"][op] = relabel(measured, f"{raw_path.name}: ")
         merged.append(f"intra-node collectives at group sizes {', '.join(map(str, sizes))}")
-    threads = builder.host().get("cpu_adam_threads")
-    if threads:
-        data["host"]["cpu_adam_threads"] = relabel(threads, f"{raw_path.name}, on {header.get('device')}: ")
-        merged.append("the CPU optimizer against threads")
+    host = builder.host()
+    for key, what in (("cpu_adam_threads", "the CPU optimizer against threads"),
+                      ("param_cast_threads", "the parameter cast against threads"),
+                      ("param_direct_upload_threads", "the direct parameter upload against threads")):
+        if host.get(key):
+            data["host"][key] = relabel(host[key], f"{raw_path.name}, on {header.get('device')}: ")
+            merged.append(what)
     if not merged:
-        raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, or CPUAdam against threads)")
+        raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, CPUAdam or the "
+                         "parameter refresh against threads)")
     data["provenance"]["notes"] += (f" {'; '.join(merged).capitalize()} replaced by those measured in {raw_path.name} "
                                     f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "
                                     f"{header.get('device')}).")

@@ -175,6 +175,15 @@ class ProfileBuilder:
                 f"{'measured' if not self.cpu else 'measured on the CPU path'}: {a['optimizer']} step of "
                 f"{a['params']} fp32 params in one process on {_span([r['threads'] for r in by_threads], '')} "
                 f"threads, median")
+        refresh = {}
+        for path, key in (("cast", "param_cast_threads"), ("direct", "param_direct_upload_threads")):
+            rows = [r for r in self.family("param_refresh") if r.get("ran", True) and r["path"] == path]
+            if len(rows) >= 2:
+                refresh[key] = self._curve(
+                    rows, "threads", "params_per_s", "threads", "params/s",
+                    f"{'measured' if not self.cpu else 'measured on the CPU path'}: parameter refresh "
+                    f"({path}) of {rows[0]['params']} fp32 params on {_span([r['threads'] for r in rows], '')} "
+                    f"threads, median")
         mem_q = None
         if mem:
             m = mem[0]
@@ -190,6 +199,7 @@ class ProfileBuilder:
             "d2h": link_curve("d2h"),
             "cpu_adam": adam_q,
             **({"cpu_adam_threads": threads_curve} if threads_curve else {}),  # optional: older calibrations lack it
+            **refresh,  # optional, as the thread curve
         }
 
     def collective(self, op: str, scope: str, size: int, label: str) -> dict | None:

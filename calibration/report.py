@@ -25,6 +25,8 @@ def one_line(family: str, data: dict) -> str:
         return f"H2D {_rate(data['h2d_bytes_per_s'], 'B/s')}, D2H {_rate(data['d2h_bytes_per_s'], 'B/s')}"
     if family in ("cpu_adam", "cpu_adam_threads"):
         return f"{_rate(data['params_per_s'], 'params/s')} ({data['optimizer']})"
+    if family == "param_refresh":
+        return f"{_rate(data['params_per_s'], 'params/s')} ({data['path']})"
     if family == "collective":
         return f"{data['time_s'] * 1e6:.0f} us, bus {_rate(data['busbw_bytes_per_s'], 'B/s')}"
     if family == "overlap":

@@ -139,6 +139,12 @@ class HostSpec(_Strict):
     # One process's DeepSpeedCPUAdam throughput against its thread count (1, 2, 4, ... all cores);
     # None in profiles calibrated before it was measured (see cpu_adam_per_rank).
     cpu_adam_threads: ThreadRateCurve | None = None
+    # The parameter refresh after a CPU step against one process's threads (calibration family
+    # param_refresh): the CPU cast of fp32 into a host bf16 buffer (ZeRO-1/2, parameter offload), and
+    # ZeRO-3's direct `gpu_bf16.copy_(cpu_fp32)` (cast into pageable memory, then a pageable copy).
+    # None in profiles calibrated before they were measured (see param_cast_rate).
+    param_cast_threads: ThreadRateCurve | None = None
+    param_direct_upload_threads: ThreadRateCurve | None = None
 
     def default_threads_per_rank(self, ranks_per_node) -> np.ndarray:
         """What the advisor's launch lines set: the cores shared evenly by the node's ranks."""
@@ -153,6 +159,23 @@ class HostSpec(_Strict):
         is assumed to have a core of its own: more threads than cores are not modelled (the CLI warns)."""
         compute = self.cpu_rate_on_threads(threads, gpus_per_node)
         return np.minimum(compute, self.cpu_adam.value / np.maximum(np.asarray(ranks_per_node, dtype=float), 1.0))
+
+    def param_cast_rate(self, threads) -> np.ndarray:
+        """Params/s of one rank's fp32 -> bf16 cast on the host: the measured curve; without one, the
+        host's memory bandwidth over the 6 bytes a parameter moves (read 4, write 2), shared by thread."""
+        threads = np.maximum(np.asarray(threads, dtype=float), 1.0)
+        if self.param_cast_threads is not None:
+            return self.param_cast_threads(threads)
+        return self.memory_bandwidth.value / 6.0 * np.minimum(threads, self.cores.value) / self.cores.value
+
+    def param_direct_upload_rate(self, threads) -> np.ndarray:
+        """Params/s of ZeRO-3's direct refresh: the measured curve; without one, the cast followed by
+        a pinned upload of 2 bytes a parameter (no pageable penalty: not measured on that host)."""
+        threads = np.maximum(np.asarray(threads, dtype=float), 1.0)
+        if self.param_direct_upload_threads is not None:
+            return self.param_direct_upload_threads(threads)
+        pinned_bytes_per_s = float(self.h2d(np.asarray(2**30, dtype=float)))
+        return 1.0 / (1.0 / self.param_cast_rate(threads) + 2.0 / pinned_bytes_per_s)
 
     def cpu_rate_on_threads(self, threads, gpus_per_node) -> np.ndarray:
         """Params/s one process's threads compute, alone on the host: the measured curve; without

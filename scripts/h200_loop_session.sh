@@ -5,7 +5,8 @@
 # /tmp/state, so a second call on the warm machine goes on from there; everything comes back as
 # one archive.
 #   bash scripts/h200_loop_session.sh BUDGET_S STEP [STEP ...]
-# Steps: threads (calibrate CPUAdam at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
+# Steps: threads (calibrate CPUAdam at 1..all threads), refresh (the parameter refresh after a CPU
+# step at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
 # traced for memory when its name has "memory", and profiled one after another, ADVISOR_STEP_PROFILE,
 # when it has "structure"), loop:NAME (recommend --validate with the arguments in
 # data/sweeps/NAME.args, one per line).
@@ -26,6 +27,11 @@ for step in "$@"; do
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only cpu_adam --only cpu_adam_threads \
         --fill-from data/profiles/h200.json --out "$STATE/h200-threads.json" 2>&1 | tail -n 12 \
         && [ -f "$STATE/h200-threads.json" ] && touch "$STATE/threads.done" ;;
+    refresh)
+      [ -f "$STATE/refresh.done" ] && continue
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only param_refresh \
+        --fill-from data/profiles/h200.json --out "$STATE/h200-refresh.json" 2>&1 | grep -i "refresh" | tail -n 14 \
+        && [ -f "$STATE/h200-refresh.raw.jsonl" ] && touch "$STATE/refresh.done" ;;
     sweep:*)
       sweep=${step#sweep:}; name=$(basename "$sweep" .jsonl)
       trace=0; profile=0; order=--parallel
