@@ -132,6 +132,11 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
                              f"({adam_per_byte:.4g} params per byte) x the datasheet's {sheet.host_memory_bandwidth.value:.4g} "
                              "bytes/s (peak: an upper bound); not measured"),
         cpu_adam_threads=None,  # a thread's speed is the core's: the reference's curve does not carry over
+        # The same for the parameter cast (then taken from the datasheet's memory bandwidth); the direct
+        # copy through pageable memory is a property of the host link (PCIe here, NVLink-C2C there): it
+        # does not carry over either, and is taken as the cast plus a pinned upload (not measured).
+        param_cast_threads=None,
+        param_direct_upload_threads=None,
     )
     intra = {op: _scaled_collective(ref["intra_node"][op], sheet.gpu_link.value / ref_sheet.gpu_link.value,
                                     f"derived: {origin}'s intra-node {op} x {sheet.gpu_link.value / ref_sheet.gpu_link.value:.4g}, "

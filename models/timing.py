@@ -238,13 +238,13 @@ def _zero_collectives(profile: HardwareProfile, counts: ParamCounts, ps: _Passes
 
 
 def _host_copies(profile: HardwareProfile, counts: ParamCounts, ps: _Passes, b: StrategyBatch,
-                 lay: Layout) -> tuple[_Traffic, np.ndarray]:
+                 lay: Layout) -> _Traffic:
     """Offload copies beside each window (bytes per parameter of the rank's partition, from
-    DeepSpeed 0.19's code), and the exposed upload of the updated parameters after a CPU step."""
+    DeepSpeed 0.19's code)."""
     n, stage, r = lay.gpus, lay.zero_stage, lay.offload_fraction
     opt_off, par_off = lay.optimizer_offload, lay.param_offload
     p = float(counts.trainable)
-    rb, agb = b.reduce_bucket_size.astype(float), b.allgather_bucket_size.astype(float)
+    rb = b.reduce_bucket_size.astype(float)
     h2d, d2h = profile.host.h2d, profile.host.d2h
     part = p / n
     msg = np.minimum(BF16 * part, BF16 * rb)
@@ -273,11 +273,32 @@ def _host_copies(profile: HardwareProfile, counts: ParamCounts, ps: _Passes, b: 
                                           BF16 * ps.backward_params / n / max(ps.backward_modules, 1)), 0.0)
     b_copy = b_copy + param_up_b
     b_copy_last = b_copy_last + param_up_b
-    # After the CPU step the updated parameters come back as bf16 (cast on the host); with
-    # parameter offload they stay there.
-    param_back = np.where(par_off, 0.0, r * BF16 * lay.trainable_per_rank)
-    step_h2d = np.where(opt_off, copy_s(h2d, param_back, np.minimum(param_back, BF16 * agb)), 0.0)
-    return _Traffic(forward=f_copy, backward=b_copy, last_backward=b_copy_last), step_h2d
+    return _Traffic(forward=f_copy, backward=b_copy, last_backward=b_copy_last)
+
+
+@dataclass(frozen=True)
+class _Refresh:
+    """The updated parameters' way back after a CPU step (exposed: the next forward needs them)."""
+
+    cast_s: np.ndarray  # the host's fp32 -> bf16 cast (CPU work)
+    upload_s: np.ndarray  # the copy to the GPU (ZeRO-3's direct copy includes its own cast)
+
+
+def _param_refresh(profile: HardwareProfile, b: StrategyBatch, lay: Layout) -> _Refresh:
+    """As DeepSpeed 0.19.8 does it (calibration/microbench/param_refresh.py): ZeRO-1/2 cast into a
+    pinned buffer and upload it pinned; ZeRO-3 (SuperOffload too) copies fp32 into the GPU's bf16
+    directly, through pageable memory; with parameter offload the cast is all. The measured rates
+    are of one process alone: two ranks of 16 threads refreshed no slower than one (H200, 2 GPUs)."""
+    host, r = profile.host, lay.offload_fraction
+    threads = cpu_threads(b, profile)
+    refreshed = np.where(lay.optimizer_offload, r * lay.trainable_per_rank, 0.0)
+    cast = refreshed / host.param_cast_rate(threads)
+    up_bytes = BF16 * refreshed
+    pinned_up = copy_s(host.h2d, up_bytes, np.minimum(up_bytes, BF16 * b.allgather_bucket_size.astype(float)))
+    direct = lay.z3 & ~lay.param_offload
+    return _Refresh(cast_s=np.where(direct, 0.0, cast),
+                    upload_s=np.where(direct, refreshed / host.param_direct_upload_rate(threads),
+                                      np.where(lay.param_offload, 0.0, pinned_up)))
 
 
 def _cpu_checkpoint_copy_s(workload: Workload, work: MicroStepWork, b: StrategyBatch,
@@ -369,7 +390,8 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
 
     ps = _Passes.of(counts, work)
     coll, boundary_coll = _zero_collectives(profile, counts, ps, b, lay)
-    copies, step_h2d = _host_copies(profile, counts, ps, b, lay)
+    copies = _host_copies(profile, counts, ps, b, lay)
+    refresh = _param_refresh(profile, b, lay)
     ckpt_copy = _cpu_checkpoint_copy_s(workload, work, b, profile)
     a2a = _ulysses_all_to_all_s(workload, work, b, profile)
 
@@ -391,9 +413,9 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
         "zero_comm": ga * wf.exposed_collective + normal * wbn.exposed_collective + wbl.exposed_collective
         + boundary_coll,
         "ulysses_all_to_all": ga * a2a,
-        "host_transfer": ga * wf.exposed_copy + normal * wbn.exposed_copy + wbl.exposed_copy + step_h2d
+        "host_transfer": ga * wf.exposed_copy + normal * wbn.exposed_copy + wbl.exposed_copy + refresh.upload_s
         + ga * ckpt_copy,
-        "cpu_optimizer": opt.cpu_exposed_s + z,
+        "cpu_optimizer": opt.cpu_exposed_s + refresh.cast_s + z,
         "overlap_contention": ga * wf.contention + normal * wbn.contention + wbl.contention,
         "deepspeed_overhead": overhead + z,
         "vision_compute": ga * (ct["vgemm_f"] + ct["vgemm_b"] + ct["vattn_f"] + ct["vattn_b"]
@@ -404,4 +426,5 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     step = sum(phases.values())
     overlapped = ga * wf.overlapped_compute + normal * wbn.overlapped_compute + wbl.overlapped_compute
     return StepTiming(phase_time_s=phases, step_time_s=step, overlapped_compute_s=overlapped,
-                      cpu_optimizer_busy_s=opt.cpu_busy_s + z)
+                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cast_s + np.where(
+                          lay.z3 & ~lay.param_offload, refresh.upload_s, 0.0) + z)

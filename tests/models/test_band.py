@@ -40,3 +40,12 @@ def test_a_band_is_used_only_with_the_profile_it_was_fitted_with(tmp_path):
     band_path(profile).write_text("{}")
     with pytest.raises(BandError, match="not a prediction band"):
         load_band(profile, '{"profile": 1}')
+
+
+def test_the_shipped_band_belongs_to_the_shipped_profile():
+    """A refit rewrites both; a profile changed after its fit (merged, hand-edited) loses its band
+    silently in predict, which a user only sees as a note."""
+    from models.profile import load_profile, profile_path
+
+    band, why = load_band(profile_path("h200"), load_profile("h200").to_json())
+    assert band is not None, why

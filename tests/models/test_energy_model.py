@@ -15,6 +15,13 @@ from models.workload import Workload
 W7 = Workload(load_architecture("llama-2-7b"), 8192)
 
 
+def _cpu_busy_s(p) -> float:
+    """ZeRO-2 offload of W7 on 8 GPUs, 4 a node: each rank's CPUAdam at a quarter of the node's rate,
+    then its cast of the updated parameters to bf16 on its share of the cores."""
+    per_rank = 6_738_415_616 / 8
+    return per_rank * 4 / p.host.cpu_adam.value + per_rank / float(p.host.param_cast_rate(p.host.default_threads_per_rank(4)))
+
+
 def _gpu_scope(measured: bool = False):
     return profile_with({"power.nvml_scope": "gpu", "power.cpu.measured": measured})
 
@@ -26,7 +33,7 @@ def test_gpu_scope_energy_is_phase_time_times_phase_power_plus_host_cpu():
     gw, cw = p.power.gpu, p.power.cpu
     expected_gpu = sum(ph.time_s * getattr(gw, PHASE_POWER[ph.name]).value * 8 for ph in pred.breakdown)
     assert pred.gpu_energy_j == pytest.approx(expected_gpu, rel=1e-12)
-    busy = 6_738_415_616 / 8 * 4 / p.host.cpu_adam.value  # the CPU optimizer runs exposed here
+    busy = _cpu_busy_s(p)  # the CPU optimizer and the parameter cast run exposed here
     expected_cpu = cw.idle.value * 2 * pred.step_time_s + (cw.optimizer.value - cw.idle.value) * 2 * busy
     assert pred.cpu_energy_j == pytest.approx(expected_cpu, rel=1e-9)
     assert pred.energy_j == pytest.approx(pred.gpu_energy_j + pred.cpu_energy_j)
@@ -47,7 +54,7 @@ def test_module_scope_puts_the_cpu_inside_the_gpu_figure_once(gh200):
     assert all("included in gpu_energy_j" in row["note"] for row in d["breakdown"])
     # the CPU optimizer's extra draw shows up on the module meters
     cw = gh200.power.cpu
-    busy = 6_738_415_616 / 8 * 4 / gh200.host.cpu_adam.value
+    busy = _cpu_busy_s(gh200)
     wait = gh200.power.gpu.wait.value
     row = next(ph for ph in mod.breakdown if ph.name == "cpu_optimizer")
     extra_per_gpu = (cw.optimizer.value - cw.idle.value) / gh200.gpus_per_node.value

@@ -40,6 +40,15 @@ def _phases(strategy: Strategy, profile, workload=W7) -> dict[str, float]:
     return {p.name: p.time_s for p in predict(workload, strategy, profile).breakdown}
 
 
+def _cpu_adam_s(strategy: Strategy, profile, workload=W7) -> float:
+    """The cpu_optimizer phase less the parameter cast that ZeRO-1/2 adds to it (tested on its own below)."""
+    params_per_rank = count_params(workload).trainable / strategy.gpus
+    ranks = min(strategy.gpus, strategy.gpus_per_node)
+    threads = strategy.cpu_threads_per_rank or float(profile.host.default_threads_per_rank(ranks))
+    cast = params_per_rank / float(profile.host.param_cast_rate(threads)) if strategy.zero_stage <= 2 else 0.0
+    return _phases(strategy, profile, workload)["cpu_optimizer"] - cast
+
+
 def _coll(profile, op, total_bytes, calls, n, net="intra_node"):
     c = getattr(getattr(profile, net), op)
     return calls * c.alpha.value + float(bus_factor(op, n)) * total_bytes / c.bus_bandwidth.value
@@ -150,12 +159,12 @@ def test_ulysses_four_all_to_alls_per_layer_each_way_and_in_recompute(sp, ck, ga
 def test_cpu_optimizer_time_shares_the_node_rate_between_its_ranks(gh200):
     rate = gh200.host.cpu_adam.value
     z2 = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu")
-    assert _phases(z2, gh200)["cpu_optimizer"] == pytest.approx(P7 / 4 * 4 / rate)
+    assert _cpu_adam_s(z2, gh200) == pytest.approx(P7 / 4 * 4 / rate)
     z3 = Strategy(gpus=8, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu")
-    assert _phases(z3, gh200)["cpu_optimizer"] == pytest.approx(P7 / 8 * 4 / rate)
+    assert _cpu_adam_s(z3, gh200) == pytest.approx(P7 / 8 * 4 / rate)
     # one GPU of the node: its rank gets one GPU's share of the cores, no more, without a measured curve
     z2_one = Strategy(gpus=1, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu")
-    assert _phases(z2_one, gh200)["cpu_optimizer"] == pytest.approx(P7 * 4 / rate)
+    assert _cpu_adam_s(z2_one, gh200) == pytest.approx(P7 * 4 / rate)
 
 
 THREADS_CURVE = {"x_unit": "threads", "y_unit": "params/s", "x": [1.0, 4.0, 16.0], "y": [3e8, 1e9, 2e9],
@@ -172,12 +181,12 @@ def test_threads_per_rank_set_the_cpu_optimizer_and_deepspeed_host_work():
     s1 = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=1)
     default = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu")
     p16, p1, pd = (_phases(s, profile) for s in (s16, s1, default))
-    assert p16["cpu_optimizer"] == pytest.approx(P7 / 2 / 2e9) and pd == p16  # the default is 16 here
-    assert p1["cpu_optimizer"] == pytest.approx(P7 / 2 / 3e8)
+    assert _cpu_adam_s(s16, profile) == pytest.approx(P7 / 2 / 2e9) and pd == p16  # the default is 16 here
+    assert _cpu_adam_s(s1, profile) == pytest.approx(P7 / 2 / 3e8)
     host_work = p1["deepspeed_overhead"] - p16["deepspeed_overhead"]
     assert host_work == pytest.approx(0.2 * P7 / 2 / 1e9 * (2e9 / 3e8 - 1))
     s4 = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=4)
-    assert _phases(s4, profile)["cpu_optimizer"] == pytest.approx(P7 / 2 / 1e9)
+    assert _cpu_adam_s(s4, profile) == pytest.approx(P7 / 2 / 1e9)
 
 
 def test_superoffload_hides_all_but_the_last_sub_group_behind_the_backward():
@@ -202,6 +211,7 @@ def test_superoffload_hides_all_but_the_last_sub_group_behind_the_backward():
 
 
 def test_optimizer_offload_moves_gradients_down_and_parameters_up(gh200):
+    assert gh200.host.param_direct_upload_threads is None
     rate = float(gh200.host.d2h(1e9))
     assert rate == float(gh200.host.h2d(1e9))  # PLAIN's links are flat: one rate for both
     per_byte = P7 / 4 / rate  # seconds per byte per parameter of a rank's partition
@@ -214,8 +224,10 @@ def test_optimizer_offload_moves_gradients_down_and_parameters_up(gh200):
     assert _phases(s, gh200)["host_transfer"] == pytest.approx((2 * 4 + 2 + 4 + 2) * per_byte)
     # ZeRO-3: the bf16 gradient partition buffer (host) is written and read back every
     # micro-step, fp32 gradients go down at the boundary, bf16 parameters come up after the step
+    # (directly, through pageable memory: without a measured rate, the cast then a pinned upload)
     s3 = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", overlap_comm=False, grad_accum=3)
-    assert _phases(s3, gh200)["host_transfer"] == pytest.approx((3 * 4 + 4 + 2) * per_byte)
+    cast = P7 / 4 / float(gh200.host.param_cast_rate(gh200.host.default_threads_per_rank(4)))
+    assert _phases(s3, gh200)["host_transfer"] == pytest.approx((3 * 4 + 4 + 2) * per_byte + cast)
     # parameter offload: nothing comes back after the step, the partition comes up every pass instead
     sp = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", offload_param="cpu",
                   overlap_comm=False)
@@ -314,5 +326,47 @@ def test_ranks_of_a_node_share_its_memory_bandwidth_for_the_cpu_optimizer():
                             "host.cpu_adam": 4e9})
     four = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=16)
     one = Strategy(gpus=1, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=16)
-    assert _phases(four, profile)["cpu_optimizer"] == pytest.approx(P7 / 4 / (4e9 / 4))  # the shared ceiling
-    assert _phases(one, profile)["cpu_optimizer"] == pytest.approx(P7 / 2e9)  # its threads bound it alone
+    assert _cpu_adam_s(four, profile) == pytest.approx(P7 / 4 / (4e9 / 4))  # the shared ceiling
+    assert _cpu_adam_s(one, profile) == pytest.approx(P7 / 2e9)  # its threads bound it alone
+
+
+CAST_CURVE = {"x_unit": "threads", "y_unit": "params/s", "x": [1.0, 16.0], "y": [1e9, 1e10], "source": "test"}
+DIRECT_CURVE = {"x_unit": "threads", "y_unit": "params/s", "x": [1.0, 16.0], "y": [5e8, 2e9], "source": "test"}
+
+
+@pytest.mark.parametrize("threads", [1, 16])
+def test_the_parameter_refresh_takes_deepspeeds_path_for_each_stage(threads):
+    """ZeRO-1/2 cast on the CPU then upload pinned; ZeRO-3 copies directly (its measured rate, cast
+    included, in host_transfer); with parameter offload the cast is all. Each at the rank's threads."""
+    profile = _with({"host.param_cast_threads": CAST_CURVE, "host.param_direct_upload_threads": DIRECT_CURVE,
+                     "overheads.offload_step_per_gparam": 0.0})
+    cast, direct = (float(c["y"][0] if threads == 1 else c["y"][1]) for c in (CAST_CURVE, DIRECT_CURVE))
+    per_rank, pinned = P7 / 2, float(profile.host.h2d(1e9))
+
+    def phases(**kw):
+        s = Strategy(gpus=2, gpus_per_node=2, overlap_comm=False, offload_optimizer="cpu", cpu_threads_per_rank=threads,
+                     **kw)
+        adam = per_rank / float(profile.host.cpu_adam_per_rank(threads, 2, profile.gpus_per_node.value))
+        p = _phases(s, profile)
+        return p["cpu_optimizer"] - adam, p["host_transfer"]
+
+    cpu2, up2 = phases(zero_stage=2)
+    assert cpu2 == pytest.approx(per_rank / cast)
+    assert up2 == pytest.approx((4 + 2) * per_rank / pinned)  # fp32 gradients down, bf16 parameters up
+    cpu3, up3 = phases(zero_stage=3)
+    assert cpu3 == pytest.approx(0.0, abs=1e-12)
+    assert up3 == pytest.approx((2 + 2 + 4) * per_rank / pinned + per_rank / direct)
+    cpu_off, up_off = phases(zero_stage=3, offload_param="cpu")
+    assert cpu_off == pytest.approx(per_rank / cast)
+
+
+def test_without_measured_refresh_rates_the_host_bandwidth_and_the_pinned_link_stand_in(gh200):
+    host = gh200.host
+    assert host.param_cast_threads is None and host.param_direct_upload_threads is None
+    share = np.array([1.0, 4.0, host.cores.value, 2 * host.cores.value])
+    cast = host.param_cast_rate(share)
+    assert cast == pytest.approx(host.memory_bandwidth.value / 6 * np.minimum(share, host.cores.value) / host.cores.value)
+    direct = host.param_direct_upload_rate(share)
+    assert 1 / direct == pytest.approx(1 / cast + 2 / float(host.h2d(2.0**30)))
+    measured = _with({"host.param_cast_threads": CAST_CURVE, "host.param_direct_upload_threads": DIRECT_CURVE}).host
+    assert measured.param_cast_rate(16) == pytest.approx(1e10) and measured.param_direct_upload_rate(1) == pytest.approx(5e8)
