@@ -14,6 +14,9 @@ import json
 import click
 
 from advisor.inputs import (
+    MAX_COUNT,
+    MAX_GPUS,
+    MAX_PER_SAMPLE,
     InputError,
     check_whole_nodes,
     counts_within_run,
@@ -101,9 +104,9 @@ def workload_options(f):
         click.option("--profile", default="gh200", show_default=True, help="Shipped profile name or profile JSON path."),
         click.option("--global-batch", "global_batch_text", default=None,
                      help="Sequences per optimizer step. Default: max(1, 2**20 // seq), about 1M tokens."),
-        click.option("--images", type=click.IntRange(min=0), default=0, help="Images per sample (vision models)."),
-        click.option("--frames", type=click.IntRange(min=0), default=0, help="Video frames per sample (vision models)."),
-        click.option("--image-size", type=click.IntRange(min=1), default=None, help="Image side in pixels (default: the model's)."),
+        click.option("--images", type=click.IntRange(0, MAX_PER_SAMPLE), default=0, help="Images per sample (vision models)."),
+        click.option("--frames", type=click.IntRange(0, MAX_PER_SAMPLE), default=0, help="Video frames per sample (vision models)."),
+        click.option("--image-size", type=click.IntRange(1, MAX_PER_SAMPLE), default=None, help="Image side in pixels (default: the model's)."),
         click.option("--freeze-vision/--train-vision", default=True, show_default=True,
                      help="Keep the vision encoder frozen, or train it too."),
         click.option("--loss-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
@@ -132,9 +135,9 @@ def _global_batch(text, seq) -> int:
 
 @main.command()
 @workload_options
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
+@click.option("--gpus", type=click.IntRange(1, MAX_GPUS), default=None,
               help="GPU count (default: from --ds-config's batch sizes, else one node of the profile).")
-@click.option("--sp", type=click.IntRange(min=1), default=None, help="Ulysses sequence-parallel degree.")
+@click.option("--sp", type=click.IntRange(1, MAX_COUNT), default=None, help="Ulysses sequence-parallel degree.")
 @click.option("--checkpointing", default=None,
               help="Activation checkpointing: none, full or every-K (K-th layers), each optionally +cpu "
                    "(checkpoints kept in host memory), e.g. every-4+cpu.")
@@ -149,12 +152,12 @@ def _global_batch(text, seq) -> int:
               help="SuperOffload: the asynchronous CPU optimizer (ZeRO-3 with --offload-optimizer cpu).")
 @click.option("--offload-param", type=click.Choice(["none", "cpu"]), default=None,
               help="Keep the bf16 parameters on the host between uses (ZeRO-3 with optimizer offload).")
-@click.option("--micro-batch", type=click.IntRange(min=1), default=None, help="Sequences per GPU per micro-step.")
-@click.option("--grad-accum", type=click.IntRange(min=1), default=None,
+@click.option("--micro-batch", type=click.IntRange(1, MAX_COUNT), default=None, help="Sequences per GPU per micro-step.")
+@click.option("--grad-accum", type=click.IntRange(1, MAX_COUNT), default=None,
               help="Micro-steps per optimizer step (default: from the global batch).")
 @click.option("--overlap-comm/--no-overlap-comm", default=None,
               help="DeepSpeed's overlap_comm (default: on for ZeRO-3 only, as DeepSpeed).")
-@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(min=1), default=None,
+@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(1, MAX_PER_SAMPLE), default=None,
               help="CPU threads of each rank (OMP_NUM_THREADS; torchrun sets 1 for several ranks). Default: the "
                    "profile's host cores / ranks on a node, what advisor's launch lines set.")
 def predict(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype, as_json,
@@ -216,7 +219,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               help="Sampler seed (default 0; random with --storage).")
 @click.option("--tokens", "tokens_text", default=DEFAULT_TOKENS, show_default=True,
               help="Tokens of the whole run (decimal: 1B = 1e9); run time and energy cover them.")
-@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(min=1), default=None,
+@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(1, MAX_PER_SAMPLE), default=None,
               help="CPU threads of each rank (OMP_NUM_THREADS); the launch line sets it. Default: the "
                    "profile's host cores / ranks on a node.")
 @click.option("--memory-margin", "margin_text", default="5%", show_default=True,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from advisor.inputs import parse_seq
+from advisor.inputs import MAX_GPUS, MAX_PER_SAMPLE, parse_seq
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -39,15 +39,15 @@ def _default_store() -> Path:
 @click.option("--seq", "seq_text", default=None, help="Context length: 4096, 4k, 32k (with --ds-config).")
 @click.option("--ds-config", "ds_config_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Run this DeepSpeed config as is.")
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
+@click.option("--gpus", type=click.IntRange(1, MAX_GPUS), default=None,
               help="GPUs for --ds-config (default: from its batch sizes, else its sp).")
-@click.option("--images", type=click.IntRange(min=0), default=0, help="Images per sample (vision models).")
-@click.option("--frames", type=click.IntRange(min=0), default=0, help="Video frames per sample (vision models).")
-@click.option("--image-size", type=click.IntRange(min=1), default=None, help="Image side in pixels.")
+@click.option("--images", type=click.IntRange(0, MAX_PER_SAMPLE), default=0, help="Images per sample (vision models).")
+@click.option("--frames", type=click.IntRange(0, MAX_PER_SAMPLE), default=0, help="Video frames per sample (vision models).")
+@click.option("--image-size", type=click.IntRange(1, MAX_PER_SAMPLE), default=None, help="Image side in pixels.")
 @click.option("--freeze-vision/--train-vision", default=True, show_default=True)
 @click.option("--loss-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="The built-in model's cross-entropy dtype (with --ds-config): fp32 casts the logits first.")
-@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(min=1), default=None,
+@click.option("--cpu-threads-per-rank", "threads", type=click.IntRange(1, MAX_PER_SAMPLE), default=None,
               help="OMP_NUM_THREADS of every rank (with --ds-config). Default: the run's cores / its ranks.")
 @click.option("--sweep", "sweep_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="JSONL of {model, seq, strategy | ds_config, images, frames, ...}, most valuable first.")

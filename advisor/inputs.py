@@ -28,6 +28,8 @@ MAX_SEQ = 2**24
 MAX_TOKENS = 10**18
 MAX_SEQUENCES = 10**12
 MAX_GPUS = 2**20
+MAX_COUNT = 2**20  # sp, micro-batch, accumulation: their products with the GPUs stay inside int64
+MAX_PER_SAMPLE = 2**16  # images or frames per sample, pixels a side, CPU threads per rank
 
 
 def _scaled(text: str, units: dict[str, int], option: str, example: str, noun: str, limit: int) -> int:

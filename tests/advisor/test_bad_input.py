@@ -60,6 +60,8 @@ def assert_one_line_error(result) -> str:
     (["validate", "--model", "7B", "--seq", "4k"], "either --ds-config"),
     (["validate", "--sweep", "/no/such/sweep.jsonl"], "does not exist"),
     (["fit", "--profile", "h200", "--out", "x.json"], "give the runs"),
+    # found by the fuzz below: a count past int64 reached numpy
+    (["predict", "--model", "tiny-cpu", "--seq", "256", "--gpus", "20000000000000000000"], "not in the range"),
     (["report", "--runs", "/no/such.jsonl", "--profile", "h200"], "not found"),
 ])
 def test_bad_input_seen_in_the_wild_is_one_line(args, needle):
@@ -76,7 +78,8 @@ FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 
 @FUZZ
 @given(option=st.sampled_from(["--seq", "--global-batch", "--images", "--frames", "--image-size", "--gpus", "--sp",
-                               "--micro-batch", "--grad-accum", "--checkpointing", "--offload-ratio", "--zero"]),
+                               "--micro-batch", "--grad-accum", "--checkpointing", "--offload-ratio", "--zero",
+                               "--cpu-threads-per-rank"]),
        value=TEXT)
 def test_predict_survives_any_value(option, value):
     args = ["predict", "--model", "tiny-cpu", "--seq", "256", "--json", option, value]
