@@ -282,6 +282,7 @@ class _Refresh:
 
     cast_s: np.ndarray  # the host's fp32 -> bf16 cast (CPU work)
     upload_s: np.ndarray  # the copy to the GPU (ZeRO-3's direct copy includes its own cast)
+    cpu_busy_s: np.ndarray  # what of the two keeps the CPU busy: the cast, and all of a direct copy
 
 
 def _param_refresh(profile: HardwareProfile, b: StrategyBatch, lay: Layout) -> _Refresh:
@@ -296,9 +297,10 @@ def _param_refresh(profile: HardwareProfile, b: StrategyBatch, lay: Layout) -> _
     up_bytes = BF16 * refreshed
     pinned_up = copy_s(host.h2d, up_bytes, np.minimum(up_bytes, BF16 * b.allgather_bucket_size.astype(float)))
     direct = lay.z3 & ~lay.param_offload
-    return _Refresh(cast_s=np.where(direct, 0.0, cast),
-                    upload_s=np.where(direct, refreshed / host.param_direct_upload_rate(threads),
-                                      np.where(lay.param_offload, 0.0, pinned_up)))
+    direct_s = np.where(direct, refreshed / host.param_direct_upload_rate(threads), 0.0)
+    cast_s = np.where(direct, 0.0, cast)
+    return _Refresh(cast_s=cast_s, upload_s=np.where(direct, direct_s, np.where(lay.param_offload, 0.0, pinned_up)),
+                    cpu_busy_s=cast_s + direct_s)
 
 
 def _cpu_checkpoint_copy_s(workload: Workload, work: MicroStepWork, b: StrategyBatch,
@@ -426,5 +428,4 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     step = sum(phases.values())
     overlapped = ga * wf.overlapped_compute + normal * wbn.overlapped_compute + wbl.overlapped_compute
     return StepTiming(phase_time_s=phases, step_time_s=step, overlapped_compute_s=overlapped,
-                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cast_s + np.where(
-                          lay.z3 & ~lay.param_offload, refresh.upload_s, 0.0) + z)
+                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cpu_busy_s + z)
