@@ -16,7 +16,7 @@ from pathlib import Path
 
 from calibration.fitting import COLLECTIVE_OPS
 from calibration.profile_writer import ProfileBuilder, relabel
-from calibration.rawlog import read_raw
+from calibration.rawlog import RawLogMismatch, read_raw
 from models.profile import load_profile, parse_profile
 
 
@@ -56,14 +56,19 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads) run")
+    p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads, "
+                               "param_refresh) run")
     p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
     p.add_argument("--out", help="where to write (default: over --into when it is a path)")
     args = p.parse_args(argv)
     out = Path(args.out or args.into)
     if out.suffix != ".json":
         p.error("--out must be a .json path when --into is a profile name")
-    out.write_text(json.dumps(merged_profile(args.raw, args.into), indent=2) + "\n")
+    try:
+        merged = merged_profile(args.raw, args.into)
+        out.write_text(json.dumps(merged, indent=2) + "\n")
+    except (OSError, ValueError, RawLogMismatch) as exc:  # missing or unreadable files, nothing to merge
+        raise SystemExit(f"error: {' '.join(str(exc).split())}") from None
     print(f"wrote {out}")
 
 

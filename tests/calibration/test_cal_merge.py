@@ -63,3 +63,28 @@ def test_the_cpu_optimizer_against_threads_is_merged_and_the_rest_kept(tmp_path)
     assert merged.host.cpu_adam_threads.source.startswith("threads.raw.jsonl, on NVIDIA H200: measured")
     before = load_profile(_profile_file(tmp_path))
     assert merged.intra_node == before.intra_node and merged.overheads == before.overheads
+
+
+def test_the_parameter_refresh_against_threads_is_merged(tmp_path):
+    raw = RawLog(tmp_path / "refresh.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
+                                                  "nodes": 1, "quick": False, "machine": "m"})
+    for path, rates in (("cast", (1.5e9, 1.2e10)), ("direct", (6.3e8, 2.3e9))):
+        for t, rate in zip((1, 16), rates):
+            raw.append(RawResult(f"cpu/refresh/{path}-threads-{t}", "param_refresh", "ok",
+                                 {"ran": True, "path": path, "params": 2**28, "threads": t, "time_s": 2**28 / rate,
+                                  "params_per_s": rate}, None, 1.0, "now"))
+    host = parse_profile(merged_profile(raw.path, _profile_file(tmp_path))).host
+    assert host.param_cast_threads.y == pytest.approx([1.5e9, 1.2e10])
+    assert host.param_direct_upload_threads.y == pytest.approx([6.3e8, 2.3e9])
+    assert host.param_direct_upload_threads.source.startswith("refresh.raw.jsonl, on NVIDIA H200: measured")
+
+
+@pytest.mark.parametrize("raw_text", [None, "{}\n"])
+def test_cli_bad_input_is_one_line(tmp_path, raw_text):
+    raw = tmp_path / "x.raw.jsonl"
+    if raw_text is not None:
+        raw.write_text(raw_text)
+    with pytest.raises(SystemExit) as stop:
+        main([str(raw), "--into", str(_profile_file(tmp_path)), "--out", str(tmp_path / "out.json")])
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "\n" not in message and "x.raw.jsonl" in message
