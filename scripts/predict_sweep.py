@@ -1,0 +1,45 @@
+"""Write a sweep's predictions before its runs are made: data/sweeps/NAME.predicted.jsonl.
+
+    python scripts/predict_sweep.py data/sweeps/NAME.jsonl [--profile h200]
+
+One line per candidate, keyed as `advisor validate` keys the run, with the shipped model's
+prediction. Commit the file before the device call: `benchmarks/committed_predictions.py`
+compares it with the runs afterwards, apart from leave-one-out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from advisor.validate import SweepFileError, candidates_from_sweep, make_predictor  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("sweep", type=Path)
+    p.add_argument("--profile", default="h200")
+    args = p.parse_args(argv)
+    try:
+        candidates = candidates_from_sweep(args.sweep)
+    except (OSError, SweepFileError) as exc:
+        print(f"predict_sweep: {exc}", file=sys.stderr)
+        return 1
+    predict = make_predictor(args.profile)
+    out = args.sweep.with_name(args.sweep.name.removesuffix(".jsonl") + ".predicted.jsonl")
+    lines = []
+    for c in candidates:
+        prediction, profile, notes = predict(c)
+        lines.append(json.dumps({"key": c.key(), "label": c.label, "profile": profile, "notes": notes,
+                                 "prediction": prediction}))
+    out.write_text("\n".join(lines) + "\n")
+    print(f"{len(lines)} predictions -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
