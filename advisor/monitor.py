@@ -47,14 +47,15 @@ class StepMeter:
     def _start(self, warmup, steps, min_window_s, max_steps) -> None:
         import torch
 
-        from calibration.harness.measure import HostMemorySampler, energy_monitor, process_tree_cpu_s
+        from calibration.harness.measure import HostMemoryPeak, energy_monitor, process_tree_cpu_s
         from calibration.harness.window import MeasuredWindow, torch_agree
 
         cuda = torch.cuda.is_available()
         self._local_rank = int(os.environ.get("LOCAL_RANK", 0))
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         sync = torch.cuda.synchronize if cuda else (lambda: None)
-        self._sampler = HostMemorySampler().start()
+        self._host_memory = HostMemoryPeak()
+        self._host_memory.reset()
         self._cuda = cuda
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -79,7 +80,7 @@ class StepMeter:
         rank = dist.get_rank() if distributed else 0
         mine = self._window.rank_summary(
             rank, self._local_rank, torch.cuda.max_memory_allocated() if self._cuda else None,
-            torch.cuda.max_memory_reserved() if self._cuda else None, self._sampler.stop(), None)
+            torch.cuda.max_memory_reserved() if self._cuda else None, self._host_memory.read(), None)
         everyone = [mine]
         if distributed:
             everyone = [None] * dist.get_world_size()

@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 
-from calibration.harness.measure import HostMemorySampler
+from calibration.harness.measure import HostMemoryPeak
 from runs.record import RunResult
 
 GIB = 2**30
@@ -95,7 +95,7 @@ class Timeline:
         self.marks[name] = round(time.time() - self._created, 2)
 
 
-def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeline) -> RunResult | None:
+def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timeline) -> RunResult | None:
     """Run warm-up and measured steps; rank 0 gets the combined result, other ranks None."""
     import deepspeed
     import torch
@@ -129,7 +129,7 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     timeline.mark("distributed")
-    host_baseline = sampler.sample()  # torch, CUDA and NCCL resident before any model state
+    host_baseline = host_memory.sample()  # torch, CUDA and NCCL resident before any model state
 
     sp = args.sp or int(cfg.get("sequence_parallel_size", 1))
     mpu, attention_wrapper, sp_rank = None, None, 0
@@ -176,10 +176,12 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     micro_batch, grad_accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     batch = make_batch(workload, micro_batch, sp, sp_rank, dp_rank, device, dtype)
     # Peaks below are of training (warm-up and measured steps), not of start-up transients.
-    init_peak, host_init_peak = (torch.cuda.max_memory_allocated() if cuda else None), sampler.peak_bytes
+    init_peak, host_init_peak = (torch.cuda.max_memory_allocated() if cuda else None), host_memory.read()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    sampler.reset()
+    host_memory.reset()
+    if not host_memory.marks_reset:
+        adjustments.append("host memory peak includes start-up: the kernel's high-water marks could not be reset")
 
     def step():
         for _ in range(grad_accum):
@@ -206,9 +208,8 @@ def train(args: argparse.Namespace, sampler: HostMemorySampler, timeline: Timeli
     if traced:
         memory_trace.write_summary("memory_trace.json", trace_baseline)
 
-    sampler.sample()
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
-                               torch.cuda.max_memory_reserved() if cuda else None, sampler.peak_bytes, host_baseline)
+                               torch.cuda.max_memory_reserved() if cuda else None, host_memory.read(), host_baseline)
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing
         step_profile.profile_steps(step, sync, rank == 0, "step_profile.json", cuda)
     everyone = [None] * world
@@ -267,10 +268,10 @@ def is_harness_error(exc: BaseException) -> bool:
 def main(argv=None) -> int:
     args = parse_args(argv)
     timeline = Timeline()
-    sampler = HostMemorySampler().start()
+    host_memory = HostMemoryPeak()
     rank = int(os.environ.get("RANK", 0))
     try:
-        result = train(args, sampler, timeline)
+        result = train(args, host_memory, timeline)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
         traceback.print_exc()
         status = classify_failure(exc)
@@ -280,7 +281,6 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)  # peers may be blocked in a collective; do not wait for a clean teardown
-    sampler.stop()
     if result is not None:
         result.write(args.out)
     _shutdown()
