@@ -3,7 +3,8 @@
     python benchmarks/committed_predictions.py [--json]
 
 Each `data/sweeps/NAME.predicted.jsonl` was committed before its runs were made (git log shows
-the order); its keys are matched with the measured records of `data/runs/*.jsonl`. These are
+the order); its keys are matched with the first measured record made after that commit, in
+`data/runs/` (the fit's files and `excluded/`). These are
 the out-of-sample errors of the model as it stood at that commit, apart from leave-one-out
 (benchmarks/accuracy.py). Errors are 100 (predicted - measured) / measured.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,23 +29,40 @@ METRICS = (("step time", "step_time_s", "step_time_s"), ("GPU energy", "gpu_ener
            ("allocated memory", "allocated_gpu_mem_gib", "peak_gpu_mem_gib"))
 
 
-def measured_by_key() -> dict:
-    """The latest ok record of each run key, and of each label, in the shipped run files (sweeps
-    predicted before a run key changed, 2026-11-30, are matched by their label)."""
-    out = {}
-    for path in sorted((REPO / "data" / "runs").glob("*.jsonl")):
-        for r in read_records(path):
-            if r.result.status == "ok":
-                out[r.key] = r
-                out[r.candidate.label] = r
-    return out
+def shipped_records() -> list:
+    """Every ok record of the shipped run files, those kept out of the fit (data/runs/excluded/) too."""
+    runs = REPO / "data" / "runs"
+    paths = sorted((runs / "excluded").glob("*.jsonl")) + sorted(runs.glob("*.jsonl"))
+    return [r for path in paths for r in read_records(path) if r.result.status == "ok"]
 
 
-def sweep_errors(predicted_path: Path, measured: dict) -> dict:
+def committed_at(path: Path) -> datetime | None:
+    """When git first saw the file; None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%cI", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return datetime.fromisoformat(out[-1]) if out else None
+
+
+def first_run_after(records: list, row: dict, since: datetime | None):
+    """The first run of this key (or label: sweeps predicted before a run key changed, 2026-11-30)
+    made after the predictions were committed: a run measured again later does not replace it."""
+    for field, wanted in (("key", row["key"]), ("label", row["label"])):
+        matches = sorted((r for r in records if (r.key if field == "key" else r.candidate.label) == wanted
+                          and (since is None or datetime.fromisoformat(r.date) >= since)), key=lambda r: r.date)
+        if matches:
+            return matches[0]
+    return None
+
+
+def sweep_errors(predicted_path: Path, records: list) -> dict:
     rows = [json.loads(line) for line in predicted_path.read_text().splitlines() if line.strip()]
+    since = committed_at(predicted_path)
     runs = []
     for row in rows:
-        record = measured.get(row["key"]) or measured.get(row["label"])
+        record = first_run_after(records, row, since)
         if record is None or not row.get("prediction"):
             continue
         errors = {}
@@ -63,8 +83,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     args = p.parse_args(argv)
-    measured = measured_by_key()
-    results = [sweep_errors(path, measured) for path in sorted((REPO / "data" / "sweeps").glob("*.predicted.jsonl"))]
+    records = shipped_records()
+    results = [sweep_errors(path, records) for path in sorted((REPO / "data" / "sweeps").glob("*.predicted.jsonl"))]
     if args.json:
         print(json.dumps(results, indent=1))
         return 0

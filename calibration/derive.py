@@ -119,6 +119,9 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
         attention_bwd_bf16=scaled(gpu["attention_bwd_bf16"], "bf16_dense_flops"),
         hbm_bandwidth=scaled(gpu["hbm_bandwidth"], "hbm_bandwidth"),
     )
+    for ratio in ("attention_fwd_head_dim_ratio", "attention_bwd_head_dim_ratio"):
+        if gpu.get(ratio):  # the same kernels on the same architecture (Hopper): no datasheet figure
+            gpu[ratio] = carried(gpu[ratio])
     host = ref["host"]
     # CPUAdam is memory-bound: the reference's params/s per byte/s of its measured host memory
     # bandwidth, at the target's datasheet bandwidth (an upper bound: peak, not measured).

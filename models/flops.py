@@ -88,6 +88,7 @@ class MicroStepWork:
     tokens_per_gpu: np.ndarray  # LLM tokens one GPU's GEMMs see
     gemms: tuple[GemmClass, ...]
     attn_seq_len: int  # x of the attention curves (full sequence, also under Ulysses)
+    attn_head_dim: int  # x of the attention rate's head-dim ratio
     attn_fwd_flops: np.ndarray
     attn_recompute_flops: np.ndarray
     elem_fwd_bytes: np.ndarray
@@ -96,6 +97,7 @@ class MicroStepWork:
     checkpointed_layers: np.ndarray
     # vision tower (zeros without one)
     vis_patches_per_group: int
+    vis_head_dim: int
     vis_groups_per_gpu: np.ndarray
     vis_attn_fwd_flops: np.ndarray
     vis_attn_bwd_factor: float
@@ -191,7 +193,7 @@ def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every) -> MicroStep
 
     zeros = np.zeros_like(t)
     vis = dict(
-        vis_patches_per_group=0, vis_groups_per_gpu=zeros, vis_attn_fwd_flops=zeros, vis_attn_bwd_factor=0.0,
+        vis_patches_per_group=0, vis_head_dim=0, vis_groups_per_gpu=zeros, vis_attn_fwd_flops=zeros, vis_attn_bwd_factor=0.0,
         vis_attn_recompute_flops=zeros, vis_elem_fwd_bytes=zeros, vis_elem_bwd_bytes=zeros,
         vis_elem_recompute_bytes=zeros, vis_checkpointed_layers=zeros,
     )
@@ -199,7 +201,7 @@ def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every) -> MicroStep
         vgemms, vis = _vision_work(w, mb, sp_, ck)
         gemms += vgemms
     return MicroStepWork(
-        tokens_per_gpu=t, gemms=tuple(gemms), attn_seq_len=w.seq_len, attn_fwd_flops=attn_fwd,
+        tokens_per_gpu=t, gemms=tuple(gemms), attn_seq_len=w.seq_len, attn_head_dim=a.head_dim, attn_fwd_flops=attn_fwd,
         attn_recompute_flops=attn_rec, elem_fwd_bytes=elem_fwd, elem_bwd_bytes=elem_bwd,
         elem_recompute_bytes=elem_rec, checkpointed_layers=n_ckpt, **vis,
     )
@@ -244,7 +246,7 @@ def _vision_work(w: Workload, mb, sp_, ck) -> tuple[list[GemmClass], dict]:
     elem_fwd = tv * v.num_layers * layer_b + tm * 4.0 * v.projector_hidden_size
     elem_bwd = (2.0 * tv * v.num_layers * layer_b if trained else zeros) + 2.0 * tm * 4.0 * v.projector_hidden_size
     vis = dict(
-        vis_patches_per_group=p, vis_groups_per_gpu=groups, vis_attn_fwd_flops=attn_fwd,
+        vis_patches_per_group=p, vis_head_dim=hv // v.num_heads, vis_groups_per_gpu=groups, vis_attn_fwd_flops=attn_fwd,
         vis_attn_bwd_factor=enc_bwd, vis_attn_recompute_flops=attn_rec, vis_elem_fwd_bytes=elem_fwd,
         vis_elem_bwd_bytes=elem_bwd, vis_elem_recompute_bytes=tv * n_ckpt * layer_b,
         vis_checkpointed_layers=n_ckpt,

@@ -94,6 +94,7 @@ def _curve_units(x_unit: str, y_unit: str):
 FlopRateCurve = Annotated[Curve, _curve_units("flop", "flop/s")]
 ThreadRateCurve = Annotated[Curve, _curve_units("threads", "params/s")]
 SeqRateCurve = Annotated[Curve, _curve_units("tokens", "flop/s")]
+HeadDimRatioCurve = Annotated[Curve, _curve_units("head_dim", "ratio")]
 BandwidthCurve = Annotated[Curve, _curve_units("bytes", "bytes/s")]
 
 
@@ -121,9 +122,22 @@ class GpuSpec(_Strict):
     # Causal fused attention (SDPA) rate against sequence length, counting causal FLOPs only.
     attention_fwd_bf16: SeqRateCurve
     attention_bwd_bf16: SeqRateCurve
+    # The attention rate at other head dims over the curves' (128), measured at the same
+    # sequences: flash kernels do less per FLOP at head dim 64. None (older profiles): 1.
+    attention_fwd_head_dim_ratio: HeadDimRatioCurve | None = None
+    attention_bwd_head_dim_ratio: HeadDimRatioCurve | None = None
     # Memory-bound elementwise work (norms, activations, residuals, optimizer on GPU).
     hbm_bandwidth: BytesPerSecond
     power_cap: Watts
+
+    def attention_rates(self, seq_len, head_dim) -> tuple[float, float]:
+        """(forward, backward) causal attention FLOP/s at this sequence length and head dim."""
+        fwd, bwd = float(self.attention_fwd_bf16(seq_len)), float(self.attention_bwd_bf16(seq_len))
+        if self.attention_fwd_head_dim_ratio is not None:
+            fwd *= float(self.attention_fwd_head_dim_ratio(head_dim))
+        if self.attention_bwd_head_dim_ratio is not None:
+            bwd *= float(self.attention_bwd_head_dim_ratio(head_dim))
+        return fwd, bwd
 
 
 class HostSpec(_Strict):
@@ -285,7 +299,9 @@ class Overheads(_Strict):
     `host_sync_per_doubling` is how much that issue time grows each time the ranks double:
     every collective on the issue path waits for the slowest rank (on H200, ZeRO-3's per-module
     cost at 4 GPUs was about twice that at 1-2). Zero, its default, for profiles fitted without
-    runs on several GPU counts.
+    runs on several GPU counts. `compute_efficiency` scales the calibrated GEMM and memory-bound
+    rates to what a training step gets; attention is not scaled (`GpuSpec.attention_rates`: the
+    calibration times the kernel training calls, at the run's sequence and head dim).
     """
 
     step: Seconds

@@ -163,15 +163,15 @@ def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.n
         out[f"{pre}_f"] = out[f"{pre}_f"] + gc.fwd_flops / rate
         out[f"{pre}_b"] = out[f"{pre}_b"] + gc.bwd_flops / rate
         out[f"{pre}_r"] = out[f"{pre}_r"] + gc.recompute_flops / rate
-    af = float(g.attention_fwd_bf16(w.attn_seq_len)) * eff
-    ab = float(g.attention_bwd_bf16(w.attn_seq_len)) * eff
+    # Attention runs at its own measured rate, without the GEMMs' efficiency: the calibration
+    # times the very SDPA kernel training calls, at the run's sequence and head dim.
+    af, ab = g.attention_rates(w.attn_seq_len, w.attn_head_dim)
     hbm = g.hbm_bandwidth.value * eff
     out["attn_f"], out["attn_b"] = w.attn_fwd_flops / af, w.attn_bwd_flops / ab
     out["attn_r"] = w.attn_recompute_flops / af
     out["elem_f"], out["elem_b"], out["elem_r"] = w.elem_fwd_bytes / hbm, w.elem_bwd_bytes / hbm, w.elem_recompute_bytes / hbm
     if w.vis_patches_per_group:
-        vf = float(g.attention_fwd_bf16(w.vis_patches_per_group)) * eff
-        vb = float(g.attention_bwd_bf16(w.vis_patches_per_group)) * eff
+        vf, vb = g.attention_rates(w.vis_patches_per_group, w.vis_head_dim)
         out["vattn_f"], out["vattn_b"] = w.vis_attn_fwd_flops / vf, w.vis_attn_bwd_flops / vb
         out["vattn_r"] = w.vis_attn_recompute_flops / vf
         out["velem_f"], out["velem_b"] = w.vis_elem_fwd_bytes / hbm, w.vis_elem_bwd_bytes / hbm

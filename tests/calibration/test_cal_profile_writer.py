@@ -39,6 +39,26 @@ def test_curves_are_monotone_and_use_head_dim_128_only():
     assert "causal FLOPs only" in p.gpu.attention_bwd_bf16.source
 
 
+def test_head_dim_ratio_comes_from_the_sequences_both_head_dims_were_measured_at():
+    from models.flops import causal_attention_flops
+
+    results = gpu_results()
+    assert parse_profile(build(results)).gpu.attention_fwd_head_dim_ratio is None  # no common sequence
+    for s, fwd_share in ((1024, 0.7), (4096, 0.8), (16384, 0.9)):
+        ref = results[f"attention/{s}"].data
+        f, b = causal_attention_flops(1, 64, s, 64), causal_attention_flops(1, 64, s, 64, backward=True)
+        results[f"attention/{s}/d64"] = rr(f"attention/{s}/d64", "attention", {
+            "seq_len": s, "head_dim": 64, "batch": 1, "heads": 64, "fwd_flops": f, "bwd_flops": b,
+            "fwd_time_s": f / (fwd_share * ref["fwd_flop_per_s"]), "bwd_time_s": b / (0.5 * ref["bwd_flop_per_s"])})
+    gpu = parse_profile(build(results)).gpu
+    assert gpu.attention_fwd_head_dim_ratio.x == [64.0, 128.0]
+    assert gpu.attention_fwd_head_dim_ratio.y == pytest.approx([0.8, 1.0])  # the median of 0.7, 0.8, 0.9
+    assert gpu.attention_bwd_head_dim_ratio.y == pytest.approx([0.5, 1.0])
+    fwd_128, _ = gpu.attention_rates(4096, 128)
+    fwd_64, _ = gpu.attention_rates(4096, 64)
+    assert fwd_64 == pytest.approx(0.8 * fwd_128)
+
+
 def test_negative_overlap_is_clamped_and_says_so():
     p = parse_profile(build())
     q = p.overlap.compute_slowdown_with_copy

@@ -51,7 +51,10 @@ ds12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 ds3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
 
 BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor default
-RUNS = sorted((Path(__file__).resolve().parents[2] / "data" / "runs").glob("*.jsonl"))
+DATA_RUNS = Path(__file__).resolve().parents[2] / "data" / "runs"
+# The host-bound runs measured with the harness's old sampling thread keep their memory: only
+# their time was slowed (data/runs/README.md).
+RUNS = sorted(DATA_RUNS.glob("*.jsonl")) + [DATA_RUNS / "excluded" / "sampled-host-bound.jsonl"]
 
 
 def _counts(model: str):
@@ -286,7 +289,7 @@ def test_superoffload_adds_its_workers_gradient_buffer_on_the_host():
 
 
 def _shipped_runs():
-    """(label, workload, strategy, measured max_memory_allocated GiB) of data/runs/*.jsonl, as the fit reads them."""
+    """(label, workload, strategy, measured max_memory_allocated GiB) of the shipped runs, as the fit reads them."""
     from runs.jsonl import read_records
     from runs.measured import to_measured_run
 
@@ -302,14 +305,15 @@ def _shipped_runs():
 def test_allocated_memory_of_the_shipped_h200_runs():
     """A regression guard: 70 runs (1, 2 and 4 GPUs) were used to check the structure, in-sample; 16
     more (one GPU, fp32 loss) and then 14 (1 and 2 GPUs, offload at 1-16 threads), both 2026-11-30,
-    were predicted before they ran (see benchmarks/memory_accuracy.py). Every one within 10% and on
-    average within 2%; an under-prediction is an OOM the advisor would recommend, and the worst is
-    TinyLlama at 8k, ZeRO-2, 4 GPUs, 6.6% under."""
+    were predicted before they ran (see benchmarks/memory_accuracy.py), and 34 more on 2026-11-30
+    (1 and 2 GPUs, 24 of them labels already seen, measured again: a label counts once). Every one
+    within 10% and on average within 2%; an under-prediction is an OOM the advisor would recommend,
+    and the worst is TinyLlama at 8k, ZeRO-2, 4 GPUs, 6.6% under."""
     errors = {}
     for label, w, s, measured in _shipped_runs():
         predicted = float(_estimate(w, s).allocated_gpu_bytes[0]) / 2**30
         errors[label] = predicted / measured - 1
-    assert len(errors) == 100
+    assert len(errors) == 124
     worst = max(errors, key=lambda k: abs(errors[k]))
     assert abs(errors[worst]) < 0.10, (worst, errors[worst])
     assert np.mean(np.abs(list(errors.values()))) < 0.02

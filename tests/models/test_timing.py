@@ -72,6 +72,25 @@ def test_gemm_time_follows_the_profile_curve_at_each_shape(gh200):
     assert _phases(Strategy(gpus=1, gpus_per_node=1), slow)["compute"] == pytest.approx(2 * expected, rel=1e-12)
 
 
+def _head_dim_ratio(at_64: float) -> dict:
+    return {"x_unit": "head_dim", "y_unit": "ratio", "x": [64.0, 128.0], "y": [at_64, 1.0], "source": "test"}
+
+
+def test_attention_runs_at_the_measured_rate_of_its_head_dim_whatever_the_gemm_efficiency():
+    head_64 = Workload(load_architecture("tinyllama-1.1b"), 32768)
+    one = Strategy(gpus=1, gpus_per_node=1)
+
+    def attention_s(workload, at_64, efficiency=1.0):
+        ratio = _head_dim_ratio(at_64)
+        profile = _with({"gpu.attention_fwd_head_dim_ratio": ratio, "gpu.attention_bwd_head_dim_ratio": ratio,
+                         "overheads.compute_efficiency": efficiency})
+        return _phases(one, profile, workload)["attention"]
+
+    assert attention_s(head_64, 0.5) == pytest.approx(2 * attention_s(head_64, 1.0), rel=1e-12)
+    assert attention_s(W7, 0.5) == pytest.approx(attention_s(W7, 1.0), rel=1e-12)  # head dim 128
+    assert attention_s(head_64, 0.8, efficiency=0.5) == pytest.approx(attention_s(head_64, 0.8), rel=1e-12)
+
+
 def test_zero0_all_reduces_gradients_once_per_step_exposed(gh200):
     s = Strategy(gpus=4, gpus_per_node=4, zero_stage=0, grad_accum=3, overlap_comm=True)
     calls = math.ceil(P7 / s.reduce_bucket_size)
