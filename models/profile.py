@@ -295,7 +295,9 @@ class Overheads(_Strict):
     `layer_pass` is the host's time to issue one layer's forward, backward or recompute
     (kernel launches, autograd, DeepSpeed's hooks): a GPU whose work per micro-step is
     shorter than the host's waits for it. The offload terms are per billion parameters
-    stepped on the CPU, synchronous and SuperOffload apart, since their code paths differ.
+    stepped on the CPU, synchronous and SuperOffload apart, since their code paths differ; the
+    synchronous path's `offload_step_serial_per_gparam` is the part that does not speed up with
+    threads (one Python thread), fitted from runs at 1 and 16 threads.
     `host_sync_per_doubling` is how much that issue time grows each time the ranks double:
     every collective on the issue path waits for the slowest rank (on H200, ZeRO-3's per-module
     cost at 4 GPUs was about twice that at 1-2). Zero, its default, for profiles fitted without
@@ -311,6 +313,8 @@ class Overheads(_Strict):
     host_sync_per_doubling: Fraction = Quantity(
         value=0.0, unit="fraction", source="not fitted: no runs on several GPU counts (neutral value)")
     offload_step_per_gparam: Seconds
+    offload_step_serial_per_gparam: Seconds = Quantity(
+        value=0.0, unit="s", source="not fitted: no offload runs at several thread counts (neutral value)")
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
     comm_efficiency: Fraction

@@ -124,8 +124,10 @@ def test_one_disturbed_run_does_not_drag_the_fit(small_specs, base):
                           runs[3].peak_gpu_mem_gib, run_id="disturbed")
     robust = ProfileFit(parameters=params).fit(runs, base).parameters_["overheads.compute_efficiency"].value
     plain = ProfileFit(parameters=params, loss="linear").fit(runs, base).parameters_["overheads.compute_efficiency"].value
-    assert abs(robust - 0.85) < 0.02
-    assert abs(robust - 0.85) < abs(plain - 0.85)
+    # 0.03: compute_efficiency no longer scales attention, so each run tells less about it (it was
+    # 0.02 when it did); the robust loss still lands several times closer than the plain one.
+    assert abs(robust - 0.85) < 0.03
+    assert abs(robust - 0.85) < abs(plain - 0.85) / 4
 
 
 def test_no_runs_is_an_error(base):

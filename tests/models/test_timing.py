@@ -262,11 +262,28 @@ def test_cpu_checkpointing_copies_each_checkpoint_down_and_up(gh200):
 
 def test_deepspeed_overheads_add_per_step_micro_step_and_offloaded_parameter():
     p = _with({"overheads.step": 0.5, "overheads.micro_step": 0.01, "overheads.zero3_module_pass": 0.0,
-                      "overheads.offload_step_per_gparam": 0.2, "overheads.layer_pass": 0.0})
+                      "overheads.offload_step_per_gparam": 0.2, "overheads.offload_step_serial_per_gparam": 0.0,
+                      "overheads.layer_pass": 0.0})
     s = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, offload_optimizer="cpu", grad_accum=2)
     assert _phases(s, p)["deepspeed_overhead"] == pytest.approx(0.5 + 2 * 0.01 + 0.2 * P7 / 4 / 1e9)
     z2 = Strategy(gpus=4, gpus_per_node=4, zero_stage=2, grad_accum=2)
     assert _phases(z2, p)["deepspeed_overhead"] == pytest.approx(0.5 + 0.02)
+
+
+def test_the_serial_part_of_offload_host_work_does_not_speed_up_with_threads():
+    def overhead_s(threads, serial, threaded):
+        p = _with({"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.zero3_module_pass": 0.0,
+                   "overheads.layer_pass": 0.0, "overheads.offload_step_per_gparam": threaded,
+                   "overheads.offload_step_serial_per_gparam": serial})
+        s = Strategy(gpus=1, gpus_per_node=1, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=threads)
+        return _phases(s, p)["deepspeed_overhead"]
+
+    assert overhead_s(1, 0.3, 0.0) == pytest.approx(overhead_s(16, 0.3, 0.0)) == pytest.approx(0.3 * P7 / 1e9)
+    assert overhead_s(1, 0.0, 0.3) > 2 * overhead_s(16, 0.0, 0.3)  # the threaded part does
+    super_offload = Strategy(gpus=1, gpus_per_node=1, zero_stage=3, offload_optimizer="cpu", super_offload=True)
+    p = _with({"overheads.offload_step_serial_per_gparam": 0.3})
+    assert _phases(super_offload, p)["deepspeed_overhead"] == pytest.approx(
+        _phases(super_offload, _with({"overheads.offload_step_serial_per_gparam": 0.0}))["deepspeed_overhead"])
 
 
 def test_zero3_hooks_are_host_issue_time_hidden_only_behind_longer_gpu_work():
