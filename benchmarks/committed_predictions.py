@@ -46,23 +46,21 @@ def committed_at(path: Path) -> datetime | None:
     return datetime.fromisoformat(out[-1]) if out else None
 
 
-def first_run_after(records: list, row: dict, since: datetime | None):
-    """The first run of this key (or label: sweeps predicted before a run key changed, 2026-11-30)
-    made after the predictions were committed: a run measured again later does not replace it."""
-    for field, wanted in (("key", row["key"]), ("label", row["label"])):
-        matches = sorted((r for r in records if (r.key if field == "key" else r.candidate.label) == wanted
-                          and (since is None or datetime.fromisoformat(r.date) >= since)), key=lambda r: r.date)
-        if matches:
-            return matches[0]
-    return None
+def first_run(runs_by_date: list, row: dict):
+    """The first run of this key (or label: sweeps predicted before a run key changed, 2026-11-30):
+    a run measured again later does not replace the one that was predicted."""
+    return (next((r for r in runs_by_date if r.key == row["key"]), None)
+            or next((r for r in runs_by_date if r.candidate.label == row["label"]), None))
 
 
 def sweep_errors(predicted_path: Path, records: list) -> dict:
     rows = [json.loads(line) for line in predicted_path.read_text().splitlines() if line.strip()]
     since = committed_at(predicted_path)
+    after = sorted((r for r in records if since is None or datetime.fromisoformat(r.date) >= since),
+                   key=lambda r: r.date)  # made after the predictions were committed
     runs = []
     for row in rows:
-        record = first_run_after(records, row, since)
+        record = first_run(after, row)
         if record is None or not row.get("prediction"):
             continue
         errors = {}

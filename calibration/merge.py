@@ -6,7 +6,8 @@ A profile fitted to real runs should not be recalibrated from scratch to learn o
 this keeps every other constant (and its fit) and replaces what RAW measured. Collectives: the
 intra-node alpha-beta constants at each group size (2, 4, 8 ...), the node-wide group as the
 headline values. The CPU optimizer against threads: `host.cpu_adam_threads`; the parameter refresh
-against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`. Sources name RAW.
+against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; attention at
+head dims besides 128: `gpu.attention_{fwd,bwd}_head_dim_ratio`. Sources name RAW.
 """
 from __future__ import annotations
 
@@ -44,9 +45,14 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
         if host.get(key):
             data["host"][key] = relabel(host[key], f"{raw_path.name}, on {header.get('device')}: ")
             merged.append(what)
+    ratios = builder.head_dim_ratios("measured")
+    for key, curve in ratios.items():
+        data["gpu"][key] = relabel(curve, f"{raw_path.name}, on {header.get('device')}: ")
+    if ratios:
+        merged.append("attention's rate against head dim")
     if not merged:
         raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, CPUAdam or the "
-                         "parameter refresh against threads)")
+                         "parameter refresh against threads, attention at two head dims)")
     data["provenance"]["notes"] += (f" {'; '.join(merged).capitalize()} replaced by those measured in {raw_path.name} "
                                     f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "
                                     f"{header.get('device')}).")
@@ -57,7 +63,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads, "
-                               "param_refresh) run")
+                               "param_refresh, attention) run")
     p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
     p.add_argument("--out", help="where to write (default: over --into when it is a path)")
     args = p.parse_args(argv)

@@ -105,23 +105,36 @@ class ProfileBuilder:
                                                                 r["head_dim"], backward=True)) / r["bwd_time_s"]}
                 for r in rows]
 
-    def head_dim_ratio(self, ref: list[dict], other: list[dict], ref_d: int, fb: str, where: str) -> dict | None:
-        """Rate at each other head dim over the reference head dim's at the same sequence length,
-        the median over the sequences both were measured at; None where no other was measured."""
-        ref_rate = {r["seq_len"]: r[f"{fb}_flop_per_s"] for r in ref}
-        by_dim: dict[int, list[float]] = {}
-        for r in other:
-            if r["seq_len"] in ref_rate:
-                by_dim.setdefault(r["head_dim"], []).append(r[f"{fb}_flop_per_s"] / ref_rate[r["seq_len"]])
-        if not by_dim:
-            return None
-        points = sorted({**{d: median(v) for d, v in by_dim.items()}, ref_d: 1.0}.items())
-        seqs = sorted({r["seq_len"] for r in other if r["seq_len"] in ref_rate})
-        return {"x_unit": "head_dim", "y_unit": "ratio", "x": [float(d) for d, _ in points],
+    @staticmethod
+    def reference_head_dim(rows: list[dict]) -> int:
+        """The head dim the attention curves are of: 128 where measured, else the median one."""
+        if any(r["head_dim"] == 128 for r in rows):
+            return 128
+        return median([r["head_dim"] for r in rows]) if rows else 128
+
+    def head_dim_ratios(self, where: str) -> dict[str, dict]:
+        """`gpu.attention_{fwd,bwd}_head_dim_ratio`: the rate at each other head dim over the
+        reference head dim's at the same sequence length, the median over the sequences both were
+        measured at. Empty where no other head dim shares a sequence with the reference."""
+        rows = self.attention_rates(self.family("attention"))
+        ref_d = self.reference_head_dim(rows)
+        ref = {r["seq_len"]: r for r in rows if r["head_dim"] == ref_d}
+        shared = [r for r in rows if r["head_dim"] != ref_d and r["seq_len"] in ref]
+        if not shared:
+            return {}
+        seqs = ", ".join(str(q) for q in sorted({r["seq_len"] for r in shared}))
+        out = {}
+        for fb, what in (("fwd", "forward"), ("bwd", "backward")):
+            by_dim: dict[int, list[float]] = {}
+            for r in shared:
+                by_dim.setdefault(r["head_dim"], []).append(r[f"{fb}_flop_per_s"] / ref[r["seq_len"]][f"{fb}_flop_per_s"])
+            points = sorted({**{d: median(v) for d, v in by_dim.items()}, ref_d: 1.0}.items())
+            out[f"attention_{fb}_head_dim_ratio"] = {
+                "x_unit": "head_dim", "y_unit": "ratio", "x": [float(d) for d, _ in points],
                 "y": [float(y) for _, y in points],
-                "source": f"{where}: torch SDPA causal {'forward' if fb == 'fwd' else 'backward'} at head dims "
-                          f"{', '.join(str(d) for d, _ in points)} over head dim {ref_d}, median over sequences "
-                          f"{', '.join(str(q) for q in seqs)}; raw in {self.raw_file}"}
+                "source": f"{where}: torch SDPA causal {what} at head dims {', '.join(str(d) for d, _ in points)} "
+                          f"over head dim {ref_d}, median over sequences {seqs}; raw in {self.raw_file}"}
+        return out
 
     # -- sections --------------------------------------------------------------------------
     def gpu(self) -> dict:
@@ -129,9 +142,7 @@ class ProfileBuilder:
         gemm = self.need("gemm", "gpu.gemm_bf16")
         att = self.need("attention", "gpu.attention_*_bf16")
         hbm = self.need("hbm", "gpu.hbm_bandwidth")
-        d = median([r["head_dim"] for r in att]) if att else 128
-        ref_d = 128 if any(r["head_dim"] == 128 for r in att) else d
-        other = self.attention_rates([r for r in att if r["head_dim"] != ref_d])
+        ref_d = self.reference_head_dim(att)
         att = [r for r in att if r["head_dim"] == ref_d]
         where = tag if self.cpu else "measured"
         gemm_src = (f"{where}: bf16 torch.matmul at {len(gemm)} transformer shapes (tokens x hidden, hidden x FFN, "
@@ -141,7 +152,6 @@ class ProfileBuilder:
                               f"counting causal FLOPs only (bwd = {ATTENTION_BWD_PER_FWD:g} x fwd, models.flops); "
                               f"raw in {self.raw_file}")
         att = self.attention_rates(att)
-        ratios = {fb: self.head_dim_ratio(att, other, ref_d, fb, where) for fb in ("fwd", "bwd")}
         if self.cpu:
             memory = _q(env["host_memory_gib"] or 0.0, "GiB", f"{tag}: host memory (psutil)")
             cap = _q(self.estimate.busy_w, "W", f"{tag}: host CPU busy power, {self.estimate.basis}")
@@ -162,7 +172,7 @@ class ProfileBuilder:
             "gemm_bf16": self._curve(gemm, "flops", "flop_per_s", "flop", "flop/s", gemm_src),
             "attention_fwd_bf16": self._curve(att, "seq_len", "fwd_flop_per_s", "tokens", "flop/s", att_src("forward")),
             "attention_bwd_bf16": self._curve(att, "seq_len", "bwd_flop_per_s", "tokens", "flop/s", att_src("backward")),
-            **{f"attention_{fb}_head_dim_ratio": c for fb, c in ratios.items() if c is not None},
+            **self.head_dim_ratios(where),
             "hbm_bandwidth": _q(max(r["bytes_per_s"] for r in hbm), "bytes/s", hbm_src) if hbm else None,
             "power_cap": cap,
         }

@@ -85,10 +85,10 @@ class HostMemoryPeak:
             return None
         return None
 
-    def sample(self) -> int:
+    def sample(self, tree: list[psutil.Process] | None = None) -> int:
         """Resident bytes of the tree now (it also raises the peak)."""
         total = 0
-        for proc in self._tree():
+        for proc in tree or self._tree():
             try:
                 total += proc.memory_info().rss
             except psutil.Error:
@@ -98,21 +98,23 @@ class HostMemoryPeak:
 
     def reset(self) -> None:
         """Forget the peak so far (start-up transients: compilers, model construction)."""
+        tree = self._tree()
         self.marks_reset = True
-        for proc in self._tree():
+        for proc in tree:
             try:
                 Path(f"/proc/{proc.pid}/clear_refs").write_text("5")
             except OSError:
                 self.marks_reset = False
         self.peak_bytes = 0
-        self.sample()
+        self.sample(tree)
 
     def read(self) -> int:
         """The peak so far: the high-water marks where the kernel keeps them."""
-        marks = [self._high_water_bytes(proc) for proc in self._tree()]
+        tree = self._tree()
+        marks = [self._high_water_bytes(proc) for proc in tree]
         if all(m is not None for m in marks):
             self.peak_bytes = max(self.peak_bytes, sum(marks))
-        self.sample()
+        self.sample(tree)
         return self.peak_bytes
 
 

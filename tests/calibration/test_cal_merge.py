@@ -1,5 +1,6 @@
 """Merging a calibration's collectives into a fitted profile keeps everything else."""
 import json
+from pathlib import Path
 
 import pytest
 from cal_helpers import env, gpu_results
@@ -77,6 +78,17 @@ def test_the_parameter_refresh_against_threads_is_merged(tmp_path):
     assert host.param_cast_threads.y == pytest.approx([1.5e9, 1.2e10])
     assert host.param_direct_upload_threads.y == pytest.approx([6.3e8, 2.3e9])
     assert host.param_direct_upload_threads.source.startswith("refresh.raw.jsonl, on NVIDIA H200: measured")
+
+def test_the_shipped_head_dim_ratios_are_what_merging_their_raw_file_gives():
+    """h200's attention rate against head dim comes from its own calibration's raw file."""
+    repo = Path(__file__).resolve().parents[2]
+    shipped = parse_profile(json.loads((repo / "data" / "profiles" / "h200.json").read_text())).gpu
+    merged = parse_profile(merged_profile(repo / "data" / "profiles" / "h200.raw.jsonl", "h200")).gpu
+    for side in ("attention_fwd_head_dim_ratio", "attention_bwd_head_dim_ratio"):
+        assert getattr(merged, side).x == getattr(shipped, side).x == [64.0, 128.0]
+        assert getattr(merged, side).y == getattr(shipped, side).y
+        assert getattr(merged, side).source.startswith("h200.raw.jsonl")
+
 
 
 @pytest.mark.parametrize("raw_text", [None, "{}\n"])
