@@ -48,7 +48,10 @@ for step in "$@"; do
       tail -n 12 "$STATE/$name.log" ;;
   esac
 done
-find "$STATE" -name memory_trace.json | while read -r f; do cp "$f" "$STATE/trace-$(basename "$(dirname "$f")").json"; done
+find "$STATE" -name 'memory_trace*.json' | while read -r f; do
+  rank=$(basename "$f" .json); rank=${rank#memory_trace}
+  cp "$f" "$STATE/trace-$(basename "$(dirname "$f")")$rank.json"
+done
 find "$STATE" -name step_profile.json | while read -r f; do cp "$f" "$STATE/profile-$(basename "$(dirname "$f")").json"; done
 tar czf "$OUT/state.tgz" -C "$STATE" --exclude='*.db-wal' --exclude='*.db-shm' . 2>/dev/null
 cp "$STATE/machine.txt" "$OUT/"

@@ -1,10 +1,12 @@
 """What a run holds at its GPU memory peak: torch's allocation history, replayed to the peak, the
 live allocations grouped by the line of code that made them.
 
-Set ADVISOR_MEMORY_TRACE=1 for a harness run: rank 0 records its allocations from the first
-training step on and writes `memory_trace.json` into the run's folder. The summary, not the
-snapshot (hundreds of MB), is what travels: the peak, what was allocated before the recording
-began, and the 30 largest sites alive at the peak.
+Set ADVISOR_MEMORY_TRACE=1 for a harness run: every rank records its allocations from the first
+training step on and writes `memory_trace.json` (rank 0) or `memory_trace-rank{r}.json` into the
+run's folder. Every rank, because the run's peak is the largest over ranks, and ranks differ (ZeRO's
+last partition, for one). The summary, not the snapshot (hundreds of MB), is what travels: the
+peak, what was allocated before the recording began, the 30 largest sites alive at the peak, and
+the stack of the allocation that reached it (which moment of the step the peak is).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 ENV = "ADVISOR_MEMORY_TRACE"
 MAX_EVENTS = 3_000_000
 TOP_SITES = 30
+PEAK_STACK_FRAMES = 16
 
 
 def wanted() -> bool:
@@ -38,19 +41,30 @@ def _site(frames: list[dict]) -> str:
     return "torch internals"
 
 
+def summary_name(rank: int) -> str:
+    return "memory_trace.json" if rank == 0 else f"memory_trace-rank{rank}.json"
+
+
+def _stack(frames: list[dict]) -> list[str]:
+    """The allocation's Python stack, innermost first, outside torch's own files."""
+    return [f"{Path(f.get('filename', '')).name}:{f.get('line')} {f.get('name')}" for f in frames
+            if "/torch/" not in f.get("filename", "") and "<" not in f.get("filename", "")][:PEAK_STACK_FRAMES]
+
+
 def peak_summary(events: list[dict], baseline: int) -> dict:
     """Replay alloc / free events from `baseline` bytes; the live allocations at the largest total."""
     live: dict[int, tuple[int, str]] = {}
     total = peak = baseline
     preexisting_freed = 0
     at_peak: dict[int, tuple[int, str]] = {}
+    peak_frames: list[dict] = []
     for e in events:
         action, addr, size = e.get("action"), e.get("addr"), e.get("size", 0)
         if action == "alloc":
             live[addr] = (size, _site(e.get("frames", [])))
             total += size
             if total > peak:
-                peak, at_peak = total, dict(live)
+                peak, at_peak, peak_frames = total, dict(live), e.get("frames", [])
         elif action == "free_completed":
             if addr in live:
                 total -= live.pop(addr)[0]
@@ -64,7 +78,7 @@ def peak_summary(events: list[dict], baseline: int) -> dict:
         entry[1] += 1
     top = sorted(sites.items(), key=lambda kv: -kv[1][0])[:TOP_SITES]
     return {"peak_bytes": peak, "baseline_bytes": baseline, "preexisting_freed_bytes": preexisting_freed,
-            "events": len(events),
+            "events": len(events), "peak_stack": _stack(peak_frames),
             "sites_at_peak": [{"site": s, "bytes": b, "count": n} for s, (b, n) in top]}
 
 

@@ -190,7 +190,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
             engine.step()
         return loss.item()
 
-    traced = cuda and rank == 0 and memory_trace.wanted()
+    traced = cuda and memory_trace.wanted()
     if traced:
         trace_baseline = memory_trace.start()
         adjustments.append("GPU allocations recorded (ADVISOR_MEMORY_TRACE): steps carry the recording's cost")
@@ -206,7 +206,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
             break
     timeline.mark("measured")
     if traced:
-        memory_trace.write_summary("memory_trace.json", trace_baseline)
+        memory_trace.write_summary(memory_trace.summary_name(rank), trace_baseline)
 
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
                                torch.cuda.max_memory_reserved() if cuda else None, host_memory.read(), host_baseline)

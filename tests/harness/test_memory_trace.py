@@ -1,5 +1,5 @@
 """The memory trace's replay: what is alive at the largest total, grouped by the line that allocated it."""
-from calibration.harness.memory_trace import peak_summary
+from calibration.harness.memory_trace import peak_summary, summary_name
 
 MODEL = [{"filename": "/x/lib/torch/nn/functional.py", "line": 1, "name": "linear"},
          {"filename": "/repo/calibration/harness/model.py", "line": 99, "name": "forward"}]
@@ -19,3 +19,8 @@ def test_the_peak_and_who_holds_it():
     assert s["peak_bytes"] == 1450 and s["preexisting_freed_bytes"] == 200
     assert s["sites_at_peak"] == [{"site": "model.py:250 forward", "bytes": 300, "count": 1},
                                   {"site": "model.py:99 forward", "bytes": 150, "count": 2}]
+    assert s["peak_stack"] == ["model.py:99 forward"]  # the allocation that reached the peak, torch frames left out
+
+
+def test_each_rank_writes_its_own_summary():
+    assert summary_name(0) == "memory_trace.json" and summary_name(3) == "memory_trace-rank3.json"
