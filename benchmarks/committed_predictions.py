@@ -24,6 +24,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from runs.jsonl import read_records  # noqa: E402
+from runs.measured import shipped_run_files  # noqa: E402
 
 METRICS = (("step time", "step_time_s", "step_time_s"), ("GPU energy", "gpu_energy_j", "gpu_energy_j"),
            ("allocated memory", "allocated_gpu_mem_gib", "peak_gpu_mem_gib"))
@@ -31,9 +32,7 @@ METRICS = (("step time", "step_time_s", "step_time_s"), ("GPU energy", "gpu_ener
 
 def shipped_records() -> list:
     """Every ok record of the shipped run files, those kept out of the fit (data/runs/excluded/) too."""
-    runs = REPO / "data" / "runs"
-    paths = sorted((runs / "excluded").glob("*.jsonl")) + sorted(runs.glob("*.jsonl"))
-    return [r for path in paths for r in read_records(path) if r.result.status == "ok"]
+    return [r for path in shipped_run_files() for r in read_records(path) if r.result.status == "ok"]
 
 
 def committed_at(path: Path) -> datetime | None:

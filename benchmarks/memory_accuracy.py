@@ -1,7 +1,10 @@
 """Predicted GPU memory against the real runs: how far `allocated_gpu_mem_gib` is from
 torch.cuda.max_memory_allocated (max over ranks) of each shipped run.
 
-    python benchmarks/memory_accuracy.py [--runs 'data/runs/*.jsonl'] [--profile h200] [--reserved]
+    python benchmarks/memory_accuracy.py [--runs 'data/runs/*.jsonl' ...] [--profile h200] [--reserved]
+
+By default it reads every shipped run file, those kept out of the time fit (data/runs/excluded/)
+too: their memory is valid.
 
 Allocated is compared with allocated (like with like). `phase` is the moment of the step at
 which the model puts the peak (models.memory.MOMENTS). `--reserved` adds the measured
@@ -19,14 +22,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runs.measured import gather_records, to_measured_run  # noqa: E402
+from runs.measured import gather_records, shipped_run_files, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
 from models.params import count_params  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
 from models.strategy import StrategyBatch  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def peak_moment(run, profile) -> str:
@@ -39,14 +41,15 @@ def peak_moment(run, profile) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", default=str(REPO_ROOT / "data" / "runs" / "*.jsonl"), help="glob of run files")
+    p.add_argument("--runs", action="append", help="glob of run files (repeatable); default: the shipped runs")
     p.add_argument("--profile", default="h200")
     p.add_argument("--reserved", action="store_true", help="also show reserved memory and the predicted peak")
     args = p.parse_args(argv)
 
     profile = load_profile(args.profile)
     rows, skipped = [], []
-    for record in gather_records(sorted(glob.glob(args.runs))):
+    paths = sorted(f for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
+    for record in gather_records(paths):
         try:
             run = to_measured_run(record)
         except ValueError as exc:

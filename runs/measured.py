@@ -123,9 +123,18 @@ def to_run_set(records: list[RunRecord]) -> RunSet:
 
 
 SHIPPED_RUNS = REPO_ROOT / "data" / "runs"
+# Runs kept out of the time and energy fit (data/runs/README.md says why); their memory is valid.
+EXCLUDED_RUNS = SHIPPED_RUNS / "excluded"
+
+
+def shipped_run_files(with_excluded: bool = True) -> list[Path]:
+    """The shipped run files: those the profile is fitted to, and those kept out of the time fit
+    (excluded/), whose memory and committed predictions are still checked."""
+    kept_out = sorted(EXCLUDED_RUNS.glob("*.jsonl")) if with_excluded else []
+    return kept_out + sorted(SHIPPED_RUNS.glob("*.jsonl"))
 
 
 def shipped_records(ids: set[str]) -> list[RunRecord]:
     """The runs shipped with the advisor (data/runs/*.jsonl) whose keys are in `ids`: the runs a
     shipped profile was fitted to, so that a refit adds new runs to them instead of replacing them."""
-    return [r for path in sorted(SHIPPED_RUNS.glob("*.jsonl")) for r in read_records(path) if r.key in ids]
+    return [r for path in shipped_run_files(with_excluded=False) for r in read_records(path) if r.key in ids]

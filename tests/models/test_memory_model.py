@@ -25,7 +25,6 @@ exactly below:
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,15 +45,15 @@ from models.params import count_params
 from models.profile import load_profile
 from models.strategy import Strategy, StrategyBatch
 from models.workload import Workload
+from runs.measured import shipped_run_files
 
 ds12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 ds3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
 
 BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor default
-DATA_RUNS = Path(__file__).resolve().parents[2] / "data" / "runs"
 # The host-bound runs measured with the harness's old sampling thread keep their memory: only
 # their time was slowed (data/runs/README.md).
-RUNS = sorted(DATA_RUNS.glob("*.jsonl")) + [DATA_RUNS / "excluded" / "sampled-host-bound.jsonl"]
+RUNS = shipped_run_files()
 
 
 def _counts(model: str):
