@@ -40,9 +40,11 @@ The moments (`estimate`), each a sum of what is alive together:
 - layer: the last decoder layer's backward: its recomputed activations (checkpointing) and the
   MLP's gradient workspace.
 - reduce: the first full gradient bucket (only when the trainable parameters exceed it): the
-  layers not yet back-propagated, plus what the reduction allocates (ZeRO-1/2: the gradient
-  partition; ZeRO-3: a flat copy of the bucket for the reduce-scatter; with optimizer offload,
-  a GPU copy of the gradient partition and the fp64 copy that its norm is computed on).
+  layers not yet back-propagated, plus what the reduction allocates (a flat copy of the bucket;
+  with optimizer offload, a GPU copy of the gradient partition and the fp64 copy that its norm is
+  computed on).
+- second_reduce (ZeRO-1/2): the next bucket's reduction on the rank that owns the first bucket's
+  gradients, which holds its gradient partition from the first reduction on.
 - end: the end of backward, activations freed, all gradients held.
 - step: the optimizer step with its transient gradient copies (ZeRO-0: fp32 copies of every
   gradient and their flat concatenation; ZeRO-1/2: a flat bf16 copy of the partition and its
@@ -78,7 +80,7 @@ RMSNORM_BYTES_PER_ELEMENT = 2 * FP32 + 2 * BF16
 # cuBLAS and cuBLASLt workspaces, allocated through torch's caching allocator (so counted by
 # max_memory_allocated); 32 MiB each is the size cuBLAS recommends, and torch uses, on Hopper.
 GEMM_WORKSPACE_BYTES = 2 * 32 * 2**20
-MOMENTS = ("loss", "head", "layer", "reduce", "end", "step")
+MOMENTS = ("loss", "head", "layer", "reduce", "second_reduce", "end", "step")
 
 
 @dataclass(frozen=True)
@@ -252,13 +254,25 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     head = BF16 * float(vocab * h)  # the LM head's gradient
     tied_head = head if a.tie_embeddings else 0.0  # accumulates until the embedding's backward
 
-    # The first full bucket: untied, the LM head's gradient is its first entry; then whole layers.
-    first_fill = rbs - (0.0 if a.tie_embeddings else vocab * h)
-    layers_done = np.clip(np.floor(first_fill / counts.layer), 0, layers)
+    # The first full bucket: untied, the LM head's gradient is its first entry; then whole layers
+    # (a bucket is reduced when the next gradient would overflow it). A tied embedding comes last.
+    head_first = 0.0 if a.tie_embeddings else float(vocab * h)
+    layers_done = np.clip(np.floor((rbs - head_first) / counts.layer), 0, layers)
     remaining = layer_stack * (layers - layers_done) / layers
+    first_bucket = np.where(layers_done < layers, head_first + layers_done * counts.layer,
+                            np.minimum(rbs, p - (vocab * h if a.tie_embeddings else 0.0)))
+    first_bucket = np.minimum(first_bucket, p)
+    # The second bucket: whole layers again, or what is left at the end of backward.
+    layers_done_second = np.clip(np.floor((first_bucket + rbs - head_first) / counts.layer), 0, layers)
+    remaining_second = layer_stack * (layers - layers_done_second) / layers
+    second_bucket = np.clip(p - first_bucket, 0.0, rbs)
     largest_first = float(h * f) if a.tie_embeddings else float(vocab * h)
     largest_last = float(vocab * h)  # the embedding is back-propagated last
-    flat_copy = BF16 * np.minimum(rbs, p)  # reduce_scatter_coalesced concatenates the bucket
+    # Every reduction concatenates its bucket into a flat copy: ZeRO-3's reduce_scatter_coalesced,
+    # and ZeRO-1/2's allreduce_bucket (average_tensor sends every slice down the multi-rank
+    # all-reduce path by default, use_multi_rank_bucket_allreduce). Traced on both ranks of
+    # TinyLlama 8k ZeRO-1/2 on 2x H200: 0.92 GiB at allreduce_bucket on rank 1.
+    flat_copy = BF16 * np.minimum(rbs, p)
 
     def offload_transient(numel):
         """Reducing an offloaded gradient: ZeRO-1/2 casts its partition to fp64 for the norm;
@@ -270,9 +284,16 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     # Under Ulysses, ZeRO-1/2 reduce the bucket in fp32 (allreduce_bucket): a full fp32 copy of it.
     # An earlier reading (each destination rank's share, rbs/n) fitted sp 2 but left TinyLlama at
     # sp 4 18% short (4x H200); the full copy matches both within 7%.
-    ulysses_fp32 = np.where(z12 & (b.sp > 1), FP32 * rbs, 0.0)
-    reduce_extra = np.where(z12 & ~opt_off, BF16 * p_rank, 0.0) + np.where(z3, flat_copy, ulysses_fp32)
-    reduce_extra = reduce_extra + np.where(opt_off, offload_transient(largest_first), 0.0)
+    ulysses = z12 & (b.sp > 1)
+    ulysses_fp32 = np.where(ulysses, FP32 * rbs, 0.0)
+    reduce_extra = (np.where(z3, flat_copy, BF16 * first_bucket) + np.where(ulysses, FP32 * first_bucket, 0.0)
+                    + np.where(opt_off, offload_transient(largest_first), 0.0))
+    # ZeRO-1/2 allocate a rank's gradient partition (grads_in_partition) when the first bucket that
+    # holds its gradients has been reduced. Backward begins with the last partition's parameters,
+    # so their owner reduces the second bucket with its partition already allocated: the peak of
+    # backward on that rank (the trace's rank 1, 0.63 GiB above rank 0).
+    second_extra = (np.where(~opt_off, BF16 * p_rank, 0.0) + BF16 * second_bucket
+                    + np.where(ulysses, FP32 * second_bucket, 0.0) + np.where(opt_off, offload_transient(float(h * f)), 0.0))
     end_extra = np.where(z3, flat_copy, ulysses_fp32) + np.where(opt_off, offload_transient(largest_last), 0.0)
 
     moments = {
@@ -282,6 +303,9 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
         "reduce": np.where((stage >= 1) & (p > rbs),
                            base + accumulated + buckets + remaining + vision + recompute + tied_head + reduce_extra,
                            0.0),
+        "second_reduce": np.where(z12 & (p > rbs),
+                                  base + accumulated + buckets + remaining_second + vision + recompute + tied_head
+                                  + second_extra, 0.0),
         "end": base + accumulated + buckets + states.grad_gpu_bytes + np.where(stage >= 1, tied_head, 0.0) + end_extra,
         "step": states.gpu_bytes + buffers + states.grad_gpu_bytes + states.step_gpu_bytes,
     }
