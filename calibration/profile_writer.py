@@ -87,7 +87,7 @@ class ProfileBuilder:
         node = self.ref.model_dump()
         for part in path.split("."):
             node = node[part]
-        return relabel(node, f"from profile '{self.ref.name}' ({why}): ")
+        return None if node is None else relabel(node, f"from profile '{self.ref.name}' ({why}): ")
 
     def _curve(self, rows, xk, yk, x_unit, y_unit, what) -> dict | None:
         if not rows:
@@ -115,8 +115,12 @@ class ProfileBuilder:
     def head_dim_ratios(self, where: str) -> dict[str, dict]:
         """`gpu.attention_{fwd,bwd}_head_dim_ratio`: the rate at each other head dim over the
         reference head dim's at the same sequence length, the median over the sequences both were
-        measured at. Empty where no other head dim shares a sequence with the reference."""
+        measured at. Empty where no other head dim shares a sequence with the reference; the
+        reference profile's where attention was not measured at all."""
         rows = self.attention_rates(self.family("attention"))
+        if not rows:  # attention not measured here (--only ... --fill-from): the reference's, labelled
+            return {key: value for key in ("attention_fwd_head_dim_ratio", "attention_bwd_head_dim_ratio")
+                    if (value := self.from_ref(f"gpu.{key}", "not measured in this calibration")) is not None}
         ref_d = self.reference_head_dim(rows)
         ref = {r["seq_len"]: r for r in rows if r["head_dim"] == ref_d}
         shared = [r for r in rows if r["head_dim"] != ref_d and r["seq_len"] in ref]

@@ -2,6 +2,7 @@
 import sys
 
 import numpy as np
+import psutil
 import pytest
 
 from calibration.harness.measure import HostMemoryPeak
@@ -33,6 +34,8 @@ def test_reset_forgets_the_peak_before_it():
 
 def test_without_kernel_marks_the_peak_is_the_largest_total_read(monkeypatch):
     monkeypatch.setattr(HostMemoryPeak, "_high_water_bytes", staticmethod(lambda proc: None))
+    # This process alone: children that earlier tests left running change the tree's total.
+    monkeypatch.setattr(HostMemoryPeak, "_tree", staticmethod(lambda: [psutil.Process()]))
     meter = HostMemoryPeak()
     meter.reset()
     block = np.ones(128 * MIB // 8)

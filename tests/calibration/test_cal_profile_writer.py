@@ -192,6 +192,19 @@ def test_only_collectives_with_a_reference_fills_the_rest():
     assert p.intra_node.all_reduce.by_group_size[1].bus_bandwidth.value == pytest.approx(350e9, rel=1e-4)
 
 
+def test_only_the_cpu_optimizer_with_a_reference_keeps_its_attention_head_dim_ratios():
+    """`--only cpu_adam --fill-from h200` had dropped h200's head-dim ratios (absent keys are not
+    filled), so attention at head dim 64 ran 1.3x too fast in the new profile."""
+    from models.profile import load_profile
+
+    ref = load_profile("h200")
+    results = {k: r for k, r in gpu_results().items() if r.family == "cpu_adam"}
+    p = parse_profile(build(results, fill_from=ref))
+    assert p.gpu.attention_fwd_head_dim_ratio.y == ref.gpu.attention_fwd_head_dim_ratio.y
+    assert p.gpu.attention_bwd_head_dim_ratio.y == ref.gpu.attention_bwd_head_dim_ratio.y
+    assert p.gpu.attention_fwd_head_dim_ratio.source.startswith("from profile 'h200'")
+
+
 def test_the_profile_writer_counts_attention_as_the_cost_model_does(tmp_path):
     """A raw file written with another count (2.5x, before 2026-11-30) gives rates in the model's count."""
     from calibration.profile_writer import ProfileBuilder
