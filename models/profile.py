@@ -298,10 +298,13 @@ class Overheads(_Strict):
     stepped on the CPU, synchronous and SuperOffload apart, since their code paths differ; the
     synchronous path's `offload_step_serial_per_gparam` is the part that does not speed up with
     threads (one Python thread), fitted from runs at 1 and 16 threads.
-    `host_sync_per_doubling` is how much that issue time grows each time the ranks double:
-    every collective on the issue path waits for the slowest rank (on H200, ZeRO-3's per-module
-    cost at 4 GPUs was about twice that at 1-2). Zero, its default, for profiles fitted without
-    runs on several GPU counts. `compute_efficiency` scales the calibrated GEMM and memory-bound
+    `zero12_grad_hook` is ZeRO-1/2's Python hook per parameter tensor in each backward (it copies
+    the gradient into the reduction bucket), on the same host thread. `zero3_host_serial` is the
+    share of the shorter of host issue and GPU work that does not overlap under ZeRO-3 on several
+    GPUs: the host waits on DeepSpeed's fetch and reduce events, so it cannot run ahead of the
+    GPU (H200, 2026-11-30: qwen2.5-1.5b at 512 tokens, all host, took as long on 2 GPUs as on 1;
+    at 8k, host and GPU near equal, 35% longer). Both are zero, their defaults, until fitted.
+    `compute_efficiency` scales the calibrated GEMM and memory-bound
     rates to what a training step gets; attention is not scaled (`GpuSpec.attention_rates`: the
     calibration times the kernel training calls, at the run's sequence and head dim).
     """
@@ -310,14 +313,27 @@ class Overheads(_Strict):
     micro_step: Seconds
     layer_pass: Seconds
     zero3_module_pass: Seconds
-    host_sync_per_doubling: Fraction = Quantity(
-        value=0.0, unit="fraction", source="not fitted: no runs on several GPU counts (neutral value)")
+    zero12_grad_hook: Seconds = Quantity(
+        value=0.0, unit="s", source="not fitted: no ZeRO-1/2 runs (neutral value)")
+    zero3_host_serial: Fraction = Quantity(
+        value=0.0, unit="fraction", source="not fitted: no ZeRO-3 runs on several GPUs (neutral value)")
     offload_step_per_gparam: Seconds
     offload_step_serial_per_gparam: Seconds = Quantity(
         value=0.0, unit="s", source="not fitted: no offload runs at several thread counts (neutral value)")
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
-    comm_efficiency: Fraction
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_replaced(cls, data):
+        """Profiles written before 2026-12-01 carry two constants the runs did not bear out, dropped
+        on reading: `host_sync_per_doubling` (the issue time grown by log2 of the ranks; it fitted to
+        0, and `zero3_host_serial` replaced it) and `comm_efficiency` (a scale on the calibrated bus
+        bandwidth; 84 runs left it at 1.2 +- 0.6, the fit's bound, and fitting it changed nothing:
+        collectives now run at the calibrated bandwidth)."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k not in ("host_sync_per_doubling", "comm_efficiency")}
+        return data
 
 
 class MemorySpec(_Strict):

@@ -12,7 +12,7 @@ fixed per-step and offload overheads. The host's issue time (launches, autograd,
 hooks) is exposed only where it outlasts a micro-step's GPU work (see `_host_wait`).
 
 Collectives: time = calls * alpha + bus_factor(op, n) * bytes / (bus_bandwidth *
-comm_efficiency), bytes being the full (gathered or reduced) tensor; the intra-node
+the calibrated bus_bandwidth), bytes being the full (gathered or reduced) tensor; the intra-node
 network when the group fits in one node, the inter-node one otherwise. ZeRO collectives
 run over all GPUs (with Ulysses, gradients are reduced over the sequence-data-parallel
 group, which is every GPU); all-to-alls over the sp group.
@@ -69,11 +69,9 @@ def cpu_threads(b: StrategyBatch, profile: HardwareProfile) -> np.ndarray:
 
 def collective_s(profile: HardwareProfile, op: str, total_bytes, calls, n, intra) -> np.ndarray:
     """Alpha-beta time of `calls` collectives moving `total_bytes` (full tensors) over n ranks."""
-    eff = profile.overheads.comm_efficiency.value
-
     def one(net: Network):
         alpha_s, bus_bytes_per_s = getattr(net, op).constants_at(n)
-        return calls * alpha_s + bus_factor(op, n) * total_bytes / (bus_bytes_per_s * eff)
+        return calls * alpha_s + bus_factor(op, n) * total_bytes / bus_bytes_per_s
 
     t = np.where(intra, one(profile.intra_node), one(profile.inter_node))
     return np.where(np.asarray(n) > 1, t, 0.0)
@@ -374,10 +372,18 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # Only decoder layers count: on H200 the vision tower (frozen or trained, batched over
     # frame groups) added no host-bound time to an otherwise identical run.
     layer_passes = 2 * workload.arch.num_layers + work.checkpointed_layers
-    # ZeRO-3's fetch/release hooks run on the same host thread that issues the kernels.
-    host_issue = ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value
-    host_issue = host_issue * (1.0 + ov.host_sync_per_doubling.value * np.log2(np.maximum(b.gpus, 1.0)))
-    return overhead + (ga - 1.0) * _host_wait(host_issue, normal_gpu_s) + _host_wait(host_issue, last_gpu_s)
+    # ZeRO-3's fetch/release hooks and ZeRO-1/2's gradient hooks run on the same host thread that
+    # issues the kernels. Under ZeRO-3 on several GPUs the host also waits on fetch and reduce
+    # events, so part of the shorter of the two does not overlap.
+    hooks = np.where(lay.z12, ps.backward_modules, 0.0)
+    host_issue = (ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value
+                  + hooks * ov.zero12_grad_hook.value)
+    serial = np.where(lay.z3 & (b.gpus > 1), ov.zero3_host_serial.value, 0.0)
+
+    def exposed(gpu_s):
+        return _host_wait(host_issue, gpu_s) + serial * np.minimum(host_issue, gpu_s)
+
+    return overhead + (ga - 1.0) * exposed(normal_gpu_s) + exposed(last_gpu_s)
 
 
 def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,

@@ -22,11 +22,11 @@ SWEEPS = (REPO / "data/sweeps/h200-x1.jsonl", REPO / "data/sweeps/h200-x2.jsonl"
 # The "true" constants of the synthetic machine; the base profile (gh200) starts elsewhere.
 TRUE_VALUES = {
     "overheads.compute_efficiency": 0.85,
-    "overheads.comm_efficiency": 0.7,
     "overheads.step": 0.08,
     "overheads.layer_pass": 0.002,
     "overheads.super_offload_step_per_gparam": 0.9,
     "overheads.zero3_module_pass": 3e-4,
+    "overheads.zero3_host_serial": 0.3,
     "overheads.offload_step_per_gparam": 0.6,
     "overlap.compute_slowdown_with_collective": 0.25,
     "power.gpu.compute": 640.0,
@@ -43,7 +43,6 @@ NEUTRAL_OVERHEADS = {f"overheads.{k}": 0.0 for k in (
 START_VALUES = {
     **NEUTRAL_OVERHEADS,
     "overheads.compute_efficiency": 1.0,
-    "overheads.comm_efficiency": 1.0,
     "overlap.compute_slowdown_with_collective": 0.188,
     "overlap.collective_slowdown_with_compute": 0.65,
     "power.gpu.idle": 120.0,

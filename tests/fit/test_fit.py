@@ -25,10 +25,10 @@ from models.profile import parse_profile
 # 1.0, overheads 0, powers 680/205/410/590 W): what the sweep's mix of runs pins down well.
 TOLERANCE = {
     "overheads.compute_efficiency": 0.01,
-    "overheads.comm_efficiency": 0.08,
     "overheads.step": 0.005,
     "overheads.layer_pass": 2e-4,
     "overheads.zero3_module_pass": 2e-5,
+    "overheads.zero3_host_serial": 0.05,
     "overheads.offload_step_per_gparam": 0.03,
     "power.gpu.compute": 8.0,
     "power.gpu.wait": 5.0,
@@ -58,7 +58,9 @@ def test_fitted_predictions_match_the_true_machine(full_fit, all_runs):
     truth = RunEvaluator(all_runs)(true_profile())
     fitted = RunEvaluator(all_runs)(full_fit.profile_)
     assert np.max(np.abs(fitted.step_time_s / truth.step_time_s - 1)) < 0.01
-    assert np.max(np.abs(fitted.gpu_energy_j / truth.gpu_energy_j - 1)) < 0.01
+    # Energy 1.5%: collectives run at the calibrated bandwidth (no comm_efficiency since 2026-12-01),
+    # so the synthetic machine's are short and their power (380 W) is pinned less closely.
+    assert np.max(np.abs(fitted.gpu_energy_j / truth.gpu_energy_j - 1)) < 0.015
 
 
 def test_fitted_profile_is_honest_about_its_origin(full_fit, base, all_runs):
@@ -90,7 +92,7 @@ def test_constants_no_run_informs_are_kept(specs, base):
     runs = synthetic_runs(noise=0.005, seed=4, specs=chosen)
     model = ProfileFit().fit(runs, base)
     for name in ("overheads.zero3_module_pass", "overheads.offload_step_per_gparam",
-                 "overheads.comm_efficiency", "overlap.compute_slowdown_with_collective", "power.gpu.collective"):
+                 "overlap.compute_slowdown_with_collective", "power.gpu.collective"):
         f = model.parameters_[name]
         assert not f.informed, name
         assert f.value == get_value(base, name)
