@@ -210,7 +210,10 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
 @click.option("--objective", type=click.Choice(["energy", "time", "edp"]), default="energy", show_default=True)
 @click.option("--max-slowdown", "slowdown_text", default="10%", show_default=True,
               help="How much slower than the fastest feasible strategy the pick may be.")
-@click.option("--search", "method", type=click.Choice(["optuna", "exhaustive"]), default="optuna", show_default=True)
+@click.option("--search", "method", type=click.Choice(["auto", "optuna", "exhaustive"]), default="auto",
+              show_default=True,
+              help="auto: predict every strategy when the space holds at most 50,000 (exact, under a second), "
+                   "else Optuna; Optuna whenever --trials or --storage is given.")
 @click.option("--trials", type=click.IntRange(min=1), default=None,
               help=f"Optuna trials in this run (a resumed study adds to its earlier ones). Default: {DEFAULT_TRIALS}, "
                    f"{DEFAULT_TRIALS_GPU_RANGE} when --gpus is a range.")
@@ -264,6 +267,8 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
 
     if method == "exhaustive" and storage:
         raise InputError("--storage holds Optuna studies; --search exhaustive keeps nothing to resume")
+    if method == "auto" and (storage or trials is not None):
+        method = "optuna"
     slowdown = parse_fraction(slowdown_text)
     margin = parse_fraction(margin_text, "--memory-margin")
     if margin >= 1:

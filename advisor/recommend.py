@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import click
 
-from advisor.search import Problem, SearchResult, exhaustive_search, optuna_search
+from advisor.search import Problem, SearchResult, auto_method, exhaustive_search, optuna_search
 from advisor.space import build_space
 
 
@@ -54,6 +54,8 @@ def progress_bar(label: str):
 
 def run_search(problem: Problem, method: str, trials: int, objective: str, max_slowdown: float,
                storage: str | None = None, seed: int | None = 0) -> SearchResult:
+    if method == "auto":
+        method = auto_method(problem)
     with progress_bar(f"{method} search") as progress:
         if method == "exhaustive":
             result = exhaustive_search(problem, objective, max_slowdown, progress=progress)
@@ -168,7 +170,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
         notes.append(band_note)
     gpus = f"{req.gpu_counts[0]}" if len(req.gpu_counts) == 1 else f"{req.gpu_counts[0]}-{req.gpu_counts[-1]}"
     header = (f"{arch.name}, {workload.seq_len} tokens, {gpus} GPUs; objective {req.objective} within "
-              f"{req.max_slowdown:.0%} of the fastest; run of {req.tokens:.3g} tokens; {req.method}, "
+              f"{req.max_slowdown:.0%} of the fastest; run of {req.tokens:.3g} tokens; {result.method}, "
               f"{result.evaluations} evaluations")
     others = alternatives(result, req.objective, req.max_slowdown)
 
@@ -200,7 +202,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
             "band": {"level": band.level, "source": band.source} if band else None,
             "validation": loop.to_dict() if loop else None,
             "search": {
-                "method": req.method, "objective": req.objective, "max_slowdown": req.max_slowdown,
+                "method": result.method, "objective": req.objective, "max_slowdown": req.max_slowdown,
                 "tokens": req.tokens, "global_batch_target": req.global_batch, "gpu_counts": list(req.gpu_counts),
                 "evaluations": result.evaluations, "distinct_strategies": len(result.candidates),
                 "resumed": result.trials_before > 0, "trials_before": result.trials_before,

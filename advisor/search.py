@@ -28,6 +28,17 @@ OBJECTIVES = ("energy", "time", "edp")
 # benchmark scenarios (benchmarks/bench_advisor.py); a searched GPU count doubles the space's reach.
 DEFAULT_TRIALS = 600
 DEFAULT_TRIALS_GPU_RANGE = 1200
+# `--search auto` predicts every strategy when the space holds at most this many: exact, and under a
+# second at the model's ~300,000 strategies/s. Optuna missed the optimum there with 4 of 10 seeds
+# (7B at 32k on one node, 2,625 strategies, 600 trials; benchmarks/bench_advisor.py).
+EXHAUSTIVE_MAX_STRATEGIES = 50_000
+
+
+def auto_method(problem: Problem) -> str:
+    """`exhaustive` where the whole space is cheap to predict, else `optuna`."""
+    return "exhaustive" if len(problem.space.enumerate(problem.arch)) <= EXHAUSTIVE_MAX_STRATEGIES else "optuna"
+
+
 METRICS = ("step_time_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib")
 CONSTRAINTS = ("gpu_memory", "host_memory", "static", "other")
 

@@ -245,3 +245,10 @@ def test_the_table_says_how_far_to_trust_the_profile_and_names_the_families():
 def test_version():
     result = run("--version")
     assert result.exit_code == 0 and result.output.startswith("advisor, version ")
+
+
+def test_the_default_search_is_exact_on_a_small_space_and_optuna_when_asked_for_trials():
+    small = run_json("recommend", "--model", "7B", "--seq", "4k")
+    assert small["search"]["method"] == "exhaustive"
+    assert small["search"]["evaluations"] == small["search"]["distinct_strategies"]
+    assert run_json("recommend", "--model", "7B", "--seq", "4k", "--trials", "20")["search"]["method"] == "optuna"
