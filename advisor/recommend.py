@@ -115,9 +115,8 @@ def thread_warnings(strategy, profile) -> list[str]:
         out.append(f"warning: {ranks} ranks x {threads} threads exceed the {profile.host.cores.value:.0f} cores "
                    "of a node: threads compete, and the prediction assumes a core each")
     if strategy.offload_optimizer == "cpu":
-        how = profile.host.cpu_adam.source.split(":")[0]  # measured / derived / ...
-        out.append(f"note: CPU offload's time follows the host CPU; this profile's CPU optimizer speed is {how} "
-                   f"for '{profile.host.cpu}'. Lent 2x H200 hosts of one kind ran the same offload step up to "
+        out.append(f"note: CPU offload's time follows the host CPU; this {profile.provenance.kind} profile's CPU "
+                   f"optimizer speed is for '{profile.host.cpu}'. Lent 2x H200 hosts of one kind ran the same offload step up to "
                    f"1.8x apart (data/runs/README.md). Measure your node's in about a minute: advisor calibrate --gpus 1 "
                    f"--only cpu_adam --only cpu_adam_threads --fill-from {profile.name} --out host.json; "
                    f"python -m calibration.merge host.raw.jsonl --into {profile.name} --out mine.json; "

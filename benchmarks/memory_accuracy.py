@@ -30,7 +30,6 @@ from models.profile import load_profile  # noqa: E402
 from models.strategy import StrategyBatch  # noqa: E402
 
 
-
 def peak_moment(run, profile) -> str:
     """The moment of the step at which the memory model puts this run's peak."""
     b = StrategyBatch.from_strategies([run.strategy])
