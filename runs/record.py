@@ -53,6 +53,7 @@ class RunResult:
     wall_s: float | None = None  # whole run including start-up, filled in by the runner
     concurrent_runs: int = 1  # most runs sharing the machine meanwhile (host CPU energy is whole-host)
     cpu_threads_per_rank: int | None = None  # torch's intra-op threads in each rank (OMP_NUM_THREADS)
+    host_probe: dict | None = None  # the host's issue and CPUAdam rates (calibration.harness.host_probe)
     # The harness itself could not start (a missing module or file, a bad argument): says nothing about
     # the candidate, so the sweep records no result for it and stops.
     harness_error: bool = False

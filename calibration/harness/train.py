@@ -101,7 +101,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     import torch
     from deepspeed import comm as dist
 
-    from calibration.harness import memory_trace, step_profile
+    from calibration.harness import host_probe, memory_trace, step_profile
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
     from calibration.harness.window import MeasuredWindow, torch_agree
@@ -130,6 +130,11 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     timeline.mark("distributed")
     host_baseline = host_memory.sample()  # torch, CUDA and NCCL resident before any model state
+    offloads = cfg.get("zero_optimization", {}).get("offload_optimizer", {}).get("device") == "cpu"
+    dist.barrier()  # every rank probes at once, contending as in training
+    probes = [None] * world
+    dist.all_gather_object(probes, host_probe.probe(device, sync, offloads).to_dict())
+    timeline.mark("probed")
 
     sp = args.sp or int(cfg.get("sequence_parallel_size", 1))
     mpu, attention_wrapper, sp_rank = None, None, 0
@@ -229,6 +234,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         loss_first=losses[0],
         loss_last=losses[-1],
         cpu_threads_per_rank=torch.get_num_threads(),
+        host_probe=host_probe.combine(probes),
         config_adjustments=adjustments,
         timeline_s=timeline.marks,
         layout={

@@ -24,7 +24,7 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _deepspeed_cpu_adam_built() -> bool:
+def deepspeed_cpu_adam_built() -> bool:
     """True if DeepSpeedCPUAdam is prebuilt or already JIT-built (loading it costs no compile)."""
     try:
         from deepspeed.git_version_info import installed_ops
@@ -44,7 +44,7 @@ def choose_optimizer(ctx: BenchContext) -> tuple[str, str]:
         return "torch", "asked for with --cpu-adam torch"
     if ctx.cpu_adam == "deepspeed":
         return "deepspeed", "asked for with --cpu-adam deepspeed"
-    if ctx.is_cuda or _deepspeed_cpu_adam_built():
+    if ctx.is_cuda or deepspeed_cpu_adam_built():
         return "deepspeed", "default"
     return "torch", ("DeepSpeedCPUAdam is not built yet and the CPU path skips its ~1.5 min JIT build "
                      "(use --cpu-adam deepspeed to build and measure it)")

@@ -1,0 +1,101 @@
+"""A second's measure of the host a run lands on, taken on every rank before the model is built.
+
+Lent machines of one kind differ: on 2026-12-01 the same CPU-offload step took 9.9 s on one
+2x H200 host and 5.4 s on another. A run's step time is only comparable with the model's when
+the host's speed is known, so each run records two host rates beside its result:
+- `issue_us_per_layer`: the host's time to issue one small layer's forward and backward from
+  Python (dispatch, autograd, kernel launch): what bounds small or short-context steps and
+  ZeRO-3's hooks. The layers are tiny, so the GPU waits on the host throughout.
+- `cpu_adam_params_per_s`: DeepSpeedCPUAdam at the rank's threads, where the run offloads the
+  optimizer or the op is already built (building it costs a minute; a run that does not use
+  it does not pay for it).
+All ranks probe together, as they would contend in training.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+PROBE_LAYERS = 16
+PROBE_WIDTH = 64
+PROBE_REPEATS = 20
+ADAM_PROBE_PARAMS = 2**24  # 16M fp32 parameters: 20 ms a step on one thread of a 2026 Xeon
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    issue_us_per_layer: float
+    cpu_adam_params_per_s: float | None  # None: not measured (no offload and the op not built, or no GPU)
+    threads: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def issue_us_per_layer(device, sync) -> float:
+    """Host microseconds to issue one tiny linear layer's forward and backward (median of 5 rounds)."""
+    import torch
+
+    net = torch.nn.Sequential(*[torch.nn.Linear(PROBE_WIDTH, PROBE_WIDTH) for _ in range(PROBE_LAYERS)]).to(device)
+    x = torch.randn(8, PROBE_WIDTH, device=device)
+
+    def once():
+        net(x).sum().backward()
+
+    for _ in range(3):
+        once()
+    sync()
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(PROBE_REPEATS):
+            once()
+        rounds.append(time.perf_counter() - t0)  # the host's issue time: nothing waits for the GPU here
+        sync()
+    return statistics.median(rounds) / (PROBE_REPEATS * PROBE_LAYERS) * 1e6
+
+
+def cpu_adam_params_per_s(threads: int) -> float:
+    """DeepSpeedCPUAdam's step rate over ADAM_PROBE_PARAMS parameters on `threads` threads."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        p = torch.nn.Parameter(torch.zeros(ADAM_PROBE_PARAMS))
+        p.grad = torch.full_like(p, 1e-3)
+        opt = DeepSpeedCPUAdam([p], lr=1e-4, adamw_mode=True)
+        opt.step()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(old)
+    return ADAM_PROBE_PARAMS / statistics.median(times)
+
+
+def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
+    import torch
+
+    from calibration.microbench.cpu import deepspeed_cpu_adam_built
+
+    threads = torch.get_num_threads()
+    adam = None
+    if device.type == "cuda" and (offloads_optimizer or deepspeed_cpu_adam_built()):
+        adam = cpu_adam_params_per_s(threads)
+    return HostProbe(issue_us_per_layer=issue_us_per_layer(device, sync), cpu_adam_params_per_s=adam, threads=threads)
+
+
+def combine(per_rank: list[dict]) -> dict:
+    """The job's host probe: the slowest rank's rates (a step waits for it), and each rank's."""
+    adam = [r["cpu_adam_params_per_s"] for r in per_rank]
+    return {
+        "issue_us_per_layer": max(r["issue_us_per_layer"] for r in per_rank),
+        "cpu_adam_params_per_s": None if any(a is None for a in adam) else min(adam),
+        "threads": per_rank[0]["threads"],
+        "per_rank": per_rank,
+    }
