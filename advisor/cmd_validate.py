@@ -117,13 +117,25 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         left = budget_s - (time.monotonic() - started) if budget_s else None
         records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=left,
                                  retry=tuple(retry), on_record=print_progress, concurrent=parallel)
-    comparisons = [compare(r) for r in records]
+    host_profile = _profile_or_none(profile)
+    comparisons = [compare(r, host_profile) for r in records]
     skipped = len(candidates) - len(records)
     if as_json:
         click.echo(json.dumps({"profile": profile, "runs": [c.to_dict() for c in comparisons],
                                "not_run": skipped}))
         return
     _show(comparisons, profile, skipped)
+
+
+def _profile_or_none(name: str):
+    """The profile the predictions used, for the host check; None where it cannot be read (the
+    predictions then say why)."""
+    from models.profile import load_profile
+
+    try:
+        return load_profile(name)
+    except Exception:  # noqa: BLE001 - a bad profile costs the host check, not the measurements
+        return None
 
 
 def _show(comparisons, profile: str, skipped: int) -> None:
@@ -140,6 +152,9 @@ def _show(comparisons, profile: str, skipped: int) -> None:
         table.add_row(c.label, status, *(_cell(c, m) for m in METRICS))
     out = console()
     out.print(table)
+    for c in comparisons:
+        if c.host and c.host["differs"]:
+            out.print(f"{c.label}: {c.host['note']}")
     if skipped:
         out.print(f"{skipped} candidate(s) not run now: already recorded, or past --budget.")
     sys.stdout.flush()

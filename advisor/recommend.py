@@ -106,6 +106,8 @@ def threads_of(strategy, profile) -> int:
 
 def thread_warnings(strategy, profile) -> list[str]:
     """What would make CPU offload run far slower than predicted."""
+    from advisor.host_check import calibrate_host_commands
+
     threads, out = threads_of(strategy, profile), []
     ranks = min(strategy.gpus, strategy.gpus_per_node)
     if strategy.offload_optimizer == "cpu" and threads == 1:
@@ -117,10 +119,8 @@ def thread_warnings(strategy, profile) -> list[str]:
     if strategy.offload_optimizer == "cpu":
         out.append(f"note: CPU offload's time follows the host CPU; this {profile.provenance.kind} profile's CPU "
                    f"optimizer speed is for '{profile.host.cpu}'. Lent 2x H200 hosts of one kind ran the same offload step up to "
-                   f"1.8x apart (data/runs/README.md). Measure your node's in about a minute: advisor calibrate --gpus 1 "
-                   f"--only cpu_adam --only cpu_adam_threads --fill-from {profile.name} --out host.json; "
-                   f"python -m calibration.merge host.raw.jsonl --into {profile.name} --out mine.json; "
-                   f"then --profile mine.json")
+                   f"1.8x apart (data/runs/README.md). Measure your node's in about a minute: "
+                   + calibrate_host_commands(profile.name))
     return out
 
 

@@ -145,12 +145,15 @@ class Comparison:
     measured: dict
     predicted: dict
     error_pct: dict
+    host: dict | None = None  # advisor.host_check.HostCheck of the run's host against the profile's
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def compare(record: RunRecord) -> Comparison:
+def compare(record: RunRecord, profile=None) -> Comparison:
+    """The run's errors, and with `profile` (models.profile.HardwareProfile) its host's CPU optimizer
+    against the profile's where the run probed it."""
     measured = {name: getattr(record.result, field) for name, _, field in COMPARED}
     predicted = {name: (record.prediction or {}).get(key) for name, key, _ in COMPARED}
     errors = {}
@@ -159,7 +162,15 @@ def compare(record: RunRecord) -> Comparison:
         errors[m] = None if p is None or v is None or v == 0 else 100.0 * (p - v) / v
     extra = "; ".join(record.notes)
     reason = "; ".join(x for x in (record.result.reason, extra) if x)
-    return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors)
+    host = None
+    if profile is not None and record.candidate.strategy is not None:
+        from advisor.host_check import check_host
+        from models.strategy import Strategy
+
+        checked = check_host(record.result.host_probe, Strategy(**record.candidate.strategy), profile)
+        host = checked.to_dict() if checked else None
+    return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors,
+                      host)
 
 
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,

@@ -1,0 +1,64 @@
+"""Is the host a run landed on as fast as its profile says? And how to measure it when it is not.
+
+CPU offload's step time follows the host's CPU optimizer. Lent 2x H200 hosts of one kind ran the
+same offload step up to 1.8x apart (2026-12-01, data/runs/README.md), so a profile calibrated on one
+host mispredicts another. The harness probes DeepSpeedCPUAdam on every rank before each run
+(`calibration.harness.host_probe`); this compares that rate with the profile's for the same threads
+and ranks, and says how to calibrate the host when they differ.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# Beyond this the host's CPU optimizer alone moves an offload step past the thread test's 15% bound.
+HOST_TOLERANCE = 0.15
+
+
+def calibrate_host_commands(profile_name: str) -> str:
+    """The two commands that measure a node's CPU optimizer into a copy of `profile_name`."""
+    return (f"advisor calibrate --gpus 1 --only cpu_adam --only cpu_adam_threads --fill-from {profile_name} "
+            f"--out host.json; python -m calibration.merge host.raw.jsonl --into {profile_name} --out mine.json; "
+            f"then --profile mine.json")
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    profile_name: str
+    threads: int
+    ranks_per_node: int
+    measured_cpu_adam_params_per_s: float  # the run's probe, its slowest rank
+    profile_cpu_adam_params_per_s: float  # the profile's rate for one rank at these threads and ranks
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_cpu_adam_params_per_s / self.profile_cpu_adam_params_per_s
+
+    @property
+    def differs(self) -> bool:
+        return abs(self.ratio - 1.0) > HOST_TOLERANCE
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ratio": self.ratio, "differs": self.differs,
+                "note": self.note if self.differs else None}
+
+    @property
+    def note(self) -> str:
+        speed = "faster" if self.ratio > 1 else "slower"
+        return (f"this host's CPU optimizer ran {self.ratio:.2f}x the rate of profile {self.profile_name} "
+                f"({self.measured_cpu_adam_params_per_s / 1e9:.2f} against "
+                f"{self.profile_cpu_adam_params_per_s / 1e9:.2f} G params/s at {self.threads} thread"
+                f"{'s' * (self.threads > 1)} a rank, {self.ranks_per_node} rank{'s' * (self.ranks_per_node > 1)}): "
+                f"CPU-offload steps here run {speed} than that profile predicts. Measure this host: "
+                + calibrate_host_commands(self.profile_name))
+
+
+def check_host(host_probe: dict | None, strategy, profile) -> HostCheck | None:
+    """The run's probed CPUAdam rate against the profile's; None where the run probed none."""
+    measured = (host_probe or {}).get("cpu_adam_params_per_s")
+    if not measured:
+        return None
+    threads = int(host_probe["threads"])
+    ranks = min(strategy.gpus, strategy.gpus_per_node)
+    expected = float(profile.host.cpu_adam_per_rank(threads, ranks, profile.gpus_per_node.value))
+    return HostCheck(profile_name=profile.name, threads=threads, ranks_per_node=ranks, measured_cpu_adam_params_per_s=float(measured),
+                     profile_cpu_adam_params_per_s=expected)

@@ -1,0 +1,54 @@
+"""`advisor validate` compares the CPU optimizer rate each run probed with the profile's, and names
+the commands that measure the host when they differ by more than the thread test's bound."""
+import pytest
+
+from advisor.host_check import HOST_TOLERANCE, check_host
+from advisor.validate import compare
+from models.profile import load_profile
+from models.strategy import Strategy
+from runs.record import Candidate, RunRecord, RunResult
+
+H200 = load_profile("h200")
+TWO_RANKS_ONE_THREAD = Strategy(gpus=2, gpus_per_node=2, zero_stage=2, offload_optimizer="cpu", cpu_threads_per_rank=1)
+
+
+def profile_rate(threads, ranks):
+    return float(H200.host.cpu_adam_per_rank(threads, ranks, H200.gpus_per_node.value))
+
+
+def test_a_host_as_fast_as_the_profile_passes():
+    probe = {"cpu_adam_params_per_s": profile_rate(1, 2) * (1 + HOST_TOLERANCE / 2), "threads": 1}
+    checked = check_host(probe, TWO_RANKS_ONE_THREAD, H200)
+    assert checked.ranks_per_node == 2 and not checked.differs
+
+
+@pytest.mark.parametrize("factor, word", [(0.55, "slower"), (1.3, "faster")])
+def test_a_host_off_the_profile_is_named_with_the_commands_that_measure_it(factor, word):
+    probe = {"cpu_adam_params_per_s": profile_rate(1, 2) * factor, "threads": 1}
+    checked = check_host(probe, TWO_RANKS_ONE_THREAD, H200)
+    assert checked.differs and checked.ratio == pytest.approx(factor)
+    assert word in checked.note and "--fill-from h200" in checked.note and "calibration.merge" in checked.note
+
+
+def test_the_profile_rate_is_the_one_for_the_runs_threads():
+    """16 threads step far faster than 1: a probe at 16 threads is held to the 16-thread rate."""
+    probe = {"cpu_adam_params_per_s": profile_rate(16, 1), "threads": 16}
+    checked = check_host(probe, Strategy(gpus=1, zero_stage=2, offload_optimizer="cpu"), H200)
+    assert checked.threads == 16 and checked.ratio == pytest.approx(1.0)
+    assert profile_rate(16, 1) > 3 * profile_rate(1, 1)
+
+
+def test_no_probe_no_check():
+    assert check_host(None, TWO_RANKS_ONE_THREAD, H200) is None
+    assert check_host({"cpu_adam_params_per_s": None, "threads": 1}, TWO_RANKS_ONE_THREAD, H200) is None
+
+
+def test_validate_reports_the_host_beside_the_errors():
+    c = Candidate(model="qwen2.5-1.5b", seq_len=8192, ds_config={}, label="x",
+                  strategy={"gpus": 2, "gpus_per_node": 2, "zero_stage": 2, "offload_optimizer": "cpu",
+                            "cpu_threads_per_rank": 1})
+    probe = {"cpu_adam_params_per_s": profile_rate(1, 2) * 0.6, "threads": 1, "issue_us_per_layer": 40.0}
+    r = RunRecord.now(c, RunResult(status="ok", step_time_s=2.0, host_probe=probe), prediction={"step_time_s": 1.5})
+    assert compare(r).host is None  # without the profile there is nothing to hold it to
+    host = compare(r, H200).host
+    assert host["differs"] and host["ratio"] == pytest.approx(0.6) and "slower" in host["note"]
