@@ -62,3 +62,16 @@ def check_host(host_probe: dict | None, strategy, profile) -> HostCheck | None:
     expected = float(profile.host.cpu_adam_per_rank(threads, ranks, profile.gpus_per_node.value))
     return HostCheck(profile_name=profile.name, threads=threads, ranks_per_node=ranks, measured_cpu_adam_params_per_s=float(measured),
                      profile_cpu_adam_params_per_s=expected)
+
+
+def worst_host_note(records, profile) -> str:
+    """The note of the run whose host strayed furthest from the profile (a loop's runs share a host);
+    empty when every probed run is within the tolerance or none probed."""
+    import math
+
+    from models.strategy import Strategy
+
+    checks = [check_host(r.result.host_probe, Strategy(**r.candidate.strategy), profile)
+              for r in records if r is not None and r.candidate.strategy is not None]
+    off = [c for c in checks if c is not None and c.differs]
+    return max(off, key=lambda c: abs(math.log(c.ratio))).note if off else ""

@@ -242,6 +242,7 @@ class LoopOutcome:
     verdict: Verdict | None
     refit_profile: str | None  # where --refit wrote the refitted profile
     refit_note: str
+    host_note: str = ""  # advisor.host_check: the runs' host against the profile's, where it strays
 
     @property
     def pick_index(self) -> int | None:
@@ -259,6 +260,7 @@ class LoopOutcome:
         out = {"candidates": self.plan, "refit_profile": self.refit_profile, "refit_note": self.refit_note}
         if self.measured is None:
             return out
+        out["host_note"] = self.host_note
         v = self.verdict
         for entry, (i, m) in zip(out["candidates"], enumerate(self.measured)):
             entry.update(measured_dict(m, v, i))
@@ -276,12 +278,14 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     plan = plan_dict(result, chosen, band, req.workload.seq_len)
     if s.plan_only:
         return LoopOutcome(chosen, plan, None, None, None, "")
+    from advisor.host_check import worst_host_note
     from advisor.validate import print_progress
 
     measured = run_chosen(result, chosen, req.model, req.workload, req.profile_name, s, on_record=print_progress)
     verdict = measured_pick(measured, req.objective, req.max_slowdown)
     refit_path, refit_note = (refit_beside(req.profile_name, req.profile, s) if s.refit else (None, ""))
-    return LoopOutcome(chosen, plan, measured, verdict, refit_path, refit_note)
+    host_note = worst_host_note([m.record for m in measured], req.profile)
+    return LoopOutcome(chosen, plan, measured, verdict, refit_path, refit_note, host_note)
 
 
 def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[str | None, str]:

@@ -172,6 +172,6 @@ def show_loop(out: Console, loop) -> None:
         out.print(f"[bold]Picked by measurement[/bold] (*): {loop.plan[v.measured_pick]['label']} "
                   f"({by[v.by]} within the slowdown limit of the fastest measured; regret: the figure per token "
                   f"against the pick's; runs took {loop.run_seconds:,.0f} s)", highlight=False)
-    for note in (v.note, loop.refit_note):
+    for note in (v.note, loop.refit_note, loop.host_note):
         if note:
             out.print(f"[dim]{note}[/dim]", highlight=False)

@@ -52,3 +52,17 @@ def test_validate_reports_the_host_beside_the_errors():
     assert compare(r).host is None  # without the profile there is nothing to hold it to
     host = compare(r, H200).host
     assert host["differs"] and host["ratio"] == pytest.approx(0.6) and "slower" in host["note"]
+
+
+def test_a_loop_names_the_run_whose_host_strayed_furthest():
+    from advisor.host_check import worst_host_note
+
+    def record(factor):
+        c = Candidate(model="qwen2.5-1.5b", seq_len=8192, ds_config={}, label=f"x{factor}",
+                      strategy={"gpus": 2, "gpus_per_node": 2, "zero_stage": 2, "offload_optimizer": "cpu",
+                                "cpu_threads_per_rank": 1})
+        probe = {"cpu_adam_params_per_s": profile_rate(1, 2) * factor, "threads": 1}
+        return RunRecord.now(c, RunResult(status="ok", step_time_s=1.0, host_probe=probe))
+
+    assert worst_host_note([record(1.05), None], H200) == ""
+    assert "0.50x" in worst_host_note([record(0.8), record(0.5), record(1.1)], H200)
