@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-# Beyond this the host's CPU optimizer alone moves an offload step past the thread test's 15% bound.
-HOST_TOLERANCE = 0.15
+# The probe repeats within 4-7% on one host (benchmarks/host_probe.py), and one host's rate drifted
+# 15% in minutes; hosts of one kind differed up to 1.8x. Beyond 20% the host, not the noise, speaks.
+HOST_TOLERANCE = 0.20
 
 
 def calibrate_host_commands(profile_name: str) -> str:

@@ -1,4 +1,4 @@
-"""A second's measure of the host a run lands on, taken on every rank before the model is built.
+"""A few seconds' measure of the host a run lands on, taken on every rank before the model is built.
 
 Lent machines of one kind differ: on 2026-12-01 the same CPU-offload step took 9.9 s on one
 2x H200 host and 5.4 s on another. A run's step time is only comparable with the model's when
@@ -8,7 +8,8 @@ the host's speed is known, so each run records two host rates beside its result:
   ZeRO-3's hooks. The layers are tiny, so the GPU waits on the host throughout.
 - `cpu_adam_params_per_s`: DeepSpeedCPUAdam at the rank's threads, where the run offloads the
   optimizer or the op is already built (building it costs a minute; a run that does not use
-  it does not pay for it).
+  it does not pay for it). Taken after the issue time: OpenMP workers that still spin after a
+  CPUAdam step slowed the issue time by up to 20% (benchmarks/host_probe.py).
 All ranks probe together, as they would contend in training.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass
 PROBE_LAYERS = 16
 PROBE_WIDTH = 64
 PROBE_REPEATS = 20
-ADAM_PROBE_PARAMS = 2**24  # 16M fp32 parameters: 20 ms a step on one thread of a 2026 Xeon
+ADAM_PROBE_PARAMS = 2**26  # 64M fp32 parameters (1 GiB with the states): 0.1 s a step on one thread
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def cpu_adam_params_per_s(threads: int) -> float:
         opt = DeepSpeedCPUAdam([p], lr=1e-4, adamw_mode=True)
         opt.step()
         times = []
-        for _ in range(3):
+        for _ in range(5):
             t0 = time.perf_counter()
             opt.step()
             times.append(time.perf_counter() - t0)
@@ -84,10 +85,11 @@ def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
     from calibration.microbench.cpu import deepspeed_cpu_adam_built
 
     threads = torch.get_num_threads()
+    issue = issue_us_per_layer(device, sync)  # first: OpenMP threads spinning after CPUAdam slow it by ~20%
     adam = None
     if device.type == "cuda" and (offloads_optimizer or deepspeed_cpu_adam_built()):
         adam = cpu_adam_params_per_s(threads)
-    return HostProbe(issue_us_per_layer=issue_us_per_layer(device, sync), cpu_adam_params_per_s=adam, threads=threads)
+    return HostProbe(issue_us_per_layer=issue, cpu_adam_params_per_s=adam, threads=threads)
 
 
 def combine(per_rank: list[dict]) -> dict:
