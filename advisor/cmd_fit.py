@@ -57,7 +57,7 @@ def _format_parameters(rows: list[dict], fragmentation: dict, host_process_gib: 
 
 def _runs_summary(run_set) -> dict:
     return {"used": len(run_set.runs), "failed": run_set.failed, "unusable": run_set.skipped,
-            "repeats_dropped": run_set.duplicates}
+            "repeats_averaged": run_set.repeats}
 
 
 @click.command()

@@ -1,4 +1,4 @@
-"""Run records become the fit's MeasuredRuns: failed runs counted, not used; repeats reduced to the latest."""
+"""Run records become the fit's MeasuredRuns: failed runs counted, not used; repeats of a candidate averaged into one."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,10 +29,12 @@ def test_store_records_become_runs_and_failures_are_counted(records, tmp_path):
     run_set = to_run_set(gather_records(store=tmp_path / "runs.db"))
     assert len(run_set.runs) == 6
     assert run_set.failed == {"oom": 2, "crash": 1, "timeout": 1}
-    assert run_set.duplicates == 1
+    assert run_set.repeats == 1
     assert len(run_set.skipped) == 1 and "no measured step time" in run_set.skipped[0]
     by_id = {r.run_id: r for r in run_set.runs}
-    assert by_id[first.key].step_time_s == pytest.approx(first.result.step_time_s * 1.5)  # the latest is kept
+    # measured twice (two hosts): one run, at the geometric mean of the two
+    assert by_id[first.key].step_time_s == pytest.approx(first.result.step_time_s * 1.5 ** 0.5)
+    assert by_id[first.key].gpu_energy_j == pytest.approx(first.result.gpu_energy_j)
     run = by_id[records[2].key]
     assert isinstance(run, MeasuredRun)
     assert run.gpu_energy_j == records[2].result.gpu_energy_j
