@@ -49,14 +49,15 @@ class HostCheck:
                 f"({self.measured_cpu_adam_params_per_s / 1e9:.2f} against "
                 f"{self.profile_cpu_adam_params_per_s / 1e9:.2f} G params/s at {self.threads} thread"
                 f"{'s' * (self.threads > 1)} a rank, {self.ranks_per_node} rank{'s' * (self.ranks_per_node > 1)}): "
-                f"CPU-offload steps here run {speed} than that profile predicts. Measure this host: "
+                f"where this run's step is {speed} than predicted, the host is a likely cause. Measure it: "
                 + calibrate_host_commands(self.profile_name))
 
 
 def check_host(host_probe: dict | None, strategy, profile) -> HostCheck | None:
-    """The run's probed CPUAdam rate against the profile's; None where the run probed none."""
+    """The run's probed CPUAdam rate against the profile's; None where the run does not offload the
+    optimizer (its step does not depend on it) or probed none."""
     measured = (host_probe or {}).get("cpu_adam_params_per_s")
-    if not measured:
+    if strategy.offload_optimizer != "cpu" or not measured:
         return None
     threads = int(host_probe["threads"])
     ranks = min(strategy.gpus, strategy.gpus_per_node)
