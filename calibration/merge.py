@@ -5,7 +5,8 @@
 A profile fitted to real runs should not be recalibrated from scratch to learn one more thing:
 this keeps every other constant (and its fit) and replaces what RAW measured. Collectives: the
 intra-node alpha-beta constants at each group size (2, 4, 8 ...), the node-wide group as the
-headline values. The CPU optimizer against threads: `host.cpu_adam_threads`; the parameter refresh
+headline values. The CPU optimizer on all cores: `host.cpu_adam` and `host.cores`; against threads:
+`host.cpu_adam_threads`; the parameter refresh
 against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; attention at
 head dims besides 128: `gpu.attention_{fwd,bwd}_head_dim_ratio`. Sources name RAW.
 """
@@ -39,6 +40,12 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
             data["intra_node"][op] = relabel(measured, f"{raw_path.name}: ")
         merged.append(f"intra-node collectives at group sizes {', '.join(map(str, sizes))}")
     host = builder.host()
+    if host.get("cpu_adam"):  # the all-core rate the node's ranks share, and the cores it ran on
+        all_cores = builder.family("cpu_adam")[0]["threads"]
+        data["host"]["cpu_adam"] = relabel(host["cpu_adam"], f"{raw_path.name}, on {header.get('device')}: ")
+        data["host"]["cores"] = {"value": float(all_cores), "unit": "count",
+                                 "source": f"{raw_path.name}: the cores its all-core CPUAdam step ran on"}
+        merged.append("the CPU optimizer on all the host's cores, and their count")
     for key, what in (("cpu_adam_threads", "the CPU optimizer against threads"),
                       ("param_cast_threads", "the parameter cast against threads"),
                       ("param_direct_upload_threads", "the direct parameter upload against threads")):

@@ -66,6 +66,21 @@ def test_the_cpu_optimizer_against_threads_is_merged_and_the_rest_kept(tmp_path)
     assert merged.intra_node == before.intra_node and merged.overheads == before.overheads
 
 
+def test_the_all_core_cpu_optimizer_brings_the_hosts_core_count(tmp_path):
+    """`recommend`'s offload note measures both on the user's node: the all-core rate bounds what the
+    node's ranks share, and the core count sets the launch lines' threads per rank."""
+    raw = RawLog(tmp_path / "host.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
+                                               "nodes": 1, "quick": False, "machine": "m"})
+    raw.append(RawResult("cpu/adam", "cpu_adam", "ok",
+                         {"ran": True, "optimizer": "DeepSpeedCPUAdam", "why": "default", "params": 2**28,
+                          "threads": 16, "step_time_s": 2**28 / 3.9e9, "params_per_s": 3.9e9}, None, 1.0, "now"))
+    base = parse_profile(json.loads(_profile_file(tmp_path).read_text()))
+    merged = parse_profile(merged_profile(raw.path, _profile_file(tmp_path)))
+    assert merged.host.cpu_adam.value == pytest.approx(3.9e9) and merged.host.cores.value == 16
+    assert merged.host.cpu_adam.source.startswith("host.raw.jsonl, on NVIDIA H200: measured")
+    assert merged.host.cpu_adam_threads == base.host.cpu_adam_threads  # not measured here: kept
+
+
 def test_the_parameter_refresh_against_threads_is_merged(tmp_path):
     raw = RawLog(tmp_path / "refresh.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
                                                   "nodes": 1, "quick": False, "machine": "m"})
