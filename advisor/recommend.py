@@ -54,11 +54,12 @@ def progress_bar(label: str):
 
 def run_search(problem: Problem, method: str, trials: int, objective: str, max_slowdown: float,
                storage: str | None = None, seed: int | None = 0) -> SearchResult:
+    points = problem.space.enumerate(problem.arch) if method in ("auto", "exhaustive") else None
     if method == "auto":
-        method = auto_method(problem)
+        method = auto_method(points)
     with progress_bar(f"{method} search") as progress:
         if method == "exhaustive":
-            result = exhaustive_search(problem, objective, max_slowdown, progress=progress)
+            result = exhaustive_search(problem, objective, max_slowdown, progress=progress, points=points)
         else:
             result = optuna_search(problem, trials, objective, max_slowdown, storage=storage, seed=seed,
                                    progress=progress)

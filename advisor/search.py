@@ -34,9 +34,9 @@ DEFAULT_TRIALS_GPU_RANGE = 1200
 EXHAUSTIVE_MAX_STRATEGIES = 50_000
 
 
-def auto_method(problem: Problem) -> str:
-    """`exhaustive` where the whole space is cheap to predict, else `optuna`."""
-    return "exhaustive" if len(problem.space.enumerate(problem.arch)) <= EXHAUSTIVE_MAX_STRATEGIES else "optuna"
+def auto_method(points: StrategyBatch) -> str:
+    """`exhaustive` where the whole space (its enumerated `points`) is cheap to predict, else `optuna`."""
+    return "exhaustive" if len(points) <= EXHAUSTIVE_MAX_STRATEGIES else "optuna"
 
 
 METRICS = ("step_time_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib")
@@ -213,9 +213,11 @@ def closest_miss(problem: Problem, cands: Candidates, searched: str) -> NothingF
 
 
 def exhaustive_search(problem: Problem, objective: str = "energy", max_slowdown: float = 0.10,
-                      progress: Callable[[int, int], None] | None = None, chunk: int = 20_000) -> SearchResult:
-    """Predict every valid point of the space (vectorised, in chunks for the progress bar)."""
-    full = problem.space.enumerate(problem.arch)
+                      progress: Callable[[int, int], None] | None = None, chunk: int = 20_000,
+                      points: StrategyBatch | None = None) -> SearchResult:
+    """Predict every valid point of the space (vectorised, in chunks for the progress bar); `points`
+    is the space already enumerated, where the caller has it."""
+    full = points if points is not None else problem.space.enumerate(problem.arch)
     n = len(full)
     if n == 0:
         raise NothingFeasibleError("the strategy space is empty: no GPU count, sp and micro-batch fit together")

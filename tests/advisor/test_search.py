@@ -119,6 +119,8 @@ def test_auto_predicts_every_strategy_of_a_small_space_and_optuna_beyond(tiny_pr
     small is predicted whole in a tenth of a second."""
     import advisor.search as search
 
-    assert search.auto_method(tiny_problem) == "exhaustive"
-    monkeypatch.setattr(search, "EXHAUSTIVE_MAX_STRATEGIES", len(tiny_problem.space.enumerate(tiny_problem.arch)) - 1)
-    assert search.auto_method(tiny_problem) == "optuna"
+    points = tiny_problem.space.enumerate(tiny_problem.arch)
+    assert search.auto_method(points) == "exhaustive"
+    monkeypatch.setattr(search, "EXHAUSTIVE_MAX_STRATEGIES", len(points) - 1)
+    assert search.auto_method(points) == "optuna"
+    assert search.exhaustive_search(tiny_problem, points=points).evaluations == len(points)
