@@ -5,9 +5,11 @@ memory-bound kernels lower, collectives and host copies lower still, waiting on 
 optimizer or on Python near idle. Compute that ran beside communication draws the
 profile's `overlap` power for that share of its time. GPU energy counts every GPU.
 
-CPU energy: each node's host draws `power.cpu.idle` all step and `power.cpu.optimizer`
-while the CPU optimizer runs (its busy time, even the part SuperOffload hides behind the
-backward). It is an estimate unless the profile says a sensor measured it.
+CPU energy: each node's host draws `power.cpu.idle` all step, and while the CPU optimizer runs
+(its busy time, even the part SuperOffload hides behind the backward) the extra draw of
+`power.cpu.optimizer` (all cores busy) in the share of the node's cores its threads keep busy:
+one thread a rank under torchrun's default runs the optimizer many times longer, on one core,
+not on all of them. It is an estimate unless the profile says a sensor measured it.
 
 When the GPU meter reads module power (`power.nvml_scope == "module"`, GH200), the
 profile's GPU figures already include the CPU and its memory at rest, and the CPU
@@ -22,7 +24,7 @@ import numpy as np
 
 from models.profile import HardwareProfile
 from models.strategy import StrategyBatch
-from models.timing import COMPUTE_PHASES, PHASES, StepTiming
+from models.timing import COMPUTE_PHASES, PHASES, StepTiming, cpu_threads
 
 # Which GPU power figure each phase draws (per GPU); compute phases split with `overlap`.
 PHASE_POWER = {
@@ -68,7 +70,9 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
     share = np.clip(share, 0.0, 1.0)
     overlap_w = gp.overlap.value
 
-    cpu_extra_w = max(cp.optimizer.value - cp.idle.value, 0.0)  # per node
+    ranks_per_node = np.minimum(b.gpus, b.gpus_per_node).astype(float)
+    busy_cores = np.minimum(cpu_threads(b, profile) * ranks_per_node, profile.host.cores.value)
+    cpu_extra_w = max(cp.optimizer.value - cp.idle.value, 0.0) * busy_cores / profile.host.cores.value  # per node
     gpu_e, cpu_e = {}, {}
     for name in PHASES:
         w = getattr(gp, PHASE_POWER[name]).value

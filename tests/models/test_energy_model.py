@@ -79,3 +79,20 @@ def test_compute_beside_communication_draws_overlap_power():
 def test_waiting_on_the_cpu_costs_less_gpu_power_than_computing(gh200):
     g = gh200.power.gpu
     assert g.wait.value < g.collective.value < g.compute.value <= gh200.gpu.power_cap.value
+
+
+def test_the_cpu_optimizers_extra_draw_is_that_of_the_cores_its_threads_keep_busy():
+    """One thread a rank keeps one core a rank busy, not the node's: over the same busy seconds it adds
+    that share of the all-core extra draw; the launch default (the cores shared out) adds all of it."""
+    p = _gpu_scope()
+    cores, cw = p.host.cores.value, p.power.cpu
+    phases = {name: np.array([0.0, 0.0]) for name in PHASES}
+    phases["cpu_optimizer"] = np.array([3.0, 3.0])
+    t = StepTiming(phase_time_s=phases, step_time_s=np.array([3.0, 3.0]), overlapped_compute_s=np.zeros(2),
+                   cpu_optimizer_busy_s=np.array([3.0, 3.0]))
+    b = StrategyBatch.from_strategies([Strategy(gpus=2, gpus_per_node=2, cpu_threads_per_rank=1),
+                                       Strategy(gpus=2, gpus_per_node=2)])
+    extra = step_energy(t, b, p).cpu_energy_j - 3.0 * cw.idle.value
+    all_cores = 3.0 * (cw.optimizer.value - cw.idle.value)
+    assert extra[1] == pytest.approx(all_cores)
+    assert extra[0] == pytest.approx(all_cores * 2 / cores)
