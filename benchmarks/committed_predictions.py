@@ -1,6 +1,9 @@
 """Predictions committed before the runs they predict, against those runs: one row per sweep.
 
-    python benchmarks/committed_predictions.py [--json]
+    python benchmarks/committed_predictions.py [--json] [--threads]
+
+`--threads` prints the thread test instead: each CPU-offload run measured at one thread a rank and
+at more on the same machine, both predicted before they ran; it passes where both are within 15%.
 
 Each `data/sweeps/NAME.predicted.jsonl` was committed before its runs were made (git log shows
 the order); its keys are matched with the first measured record made after that commit, in
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -26,6 +30,7 @@ from rich.table import Table  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
 from runs.measured import shipped_run_files  # noqa: E402
 
+THREAD_TEST_BOUND_PCT = 15.0  # issue #12: each of the pair predicted within 15%
 METRICS = (("step time", "step_time_s", "step_time_s"), ("GPU energy", "gpu_energy_j", "gpu_energy_j"),
            ("allocated memory", "allocated_gpu_mem_gib", "peak_gpu_mem_gib"))
 
@@ -52,6 +57,35 @@ def first_run(runs_by_date: list, row: dict):
             or next((r for r in runs_by_date if r.candidate.label == row["label"]), None))
 
 
+def machine_of(record) -> str:
+    """The lent machine a run was made on: its note where it names one, else its day and host size."""
+    named = [n for n in record.notes if n.startswith("lent ")]
+    if named:
+        return named[-1].split(" (data/runs")[0].split(",")[0].split(" UTC")[0]
+    return f"{record.date[:10]}, {record.result.machine.get('cpu_count', '?')}-core host"
+
+
+def thread_pairs(results: list[dict], bound_pct: float = THREAD_TEST_BOUND_PCT) -> list[dict]:
+    """Offload runs of one setting on one machine at one thread and at the most threads measured."""
+    groups: dict[tuple, dict[int, dict]] = {}
+    for res in results:
+        for run in res["runs"]:
+            if run["offload"] and run["threads"] and run["errors_pct"]["step time"] is not None:
+                stem = re.sub(r" \d+ ?thr(?:eads?)?$", "", run["label"])  # "16thr", "16 threads"
+                groups.setdefault((stem, run["machine"]), {})[run["threads"]] = run
+    pairs = []
+    for (stem, machine), by_threads in sorted(groups.items()):
+        most = max(by_threads)
+        if 1 not in by_threads or most == 1:
+            continue
+        one, many = by_threads[1], by_threads[most]
+        errors = (one["errors_pct"]["step time"], many["errors_pct"]["step time"])
+        pairs.append({"setting": stem, "machine": machine, "threads": [1, most],
+                      "measured_s": [one["step_time_s"], many["step_time_s"]], "errors_pct": list(errors),
+                      "passes": all(abs(e) <= bound_pct for e in errors)})
+    return pairs
+
+
 def sweep_errors(predicted_path: Path, records: list) -> dict:
     rows = [json.loads(line) for line in predicted_path.read_text().splitlines() if line.strip()]
     since = committed_at(predicted_path)
@@ -66,7 +100,10 @@ def sweep_errors(predicted_path: Path, records: list) -> dict:
         for name, pkey, mkey in METRICS:
             p, m = row["prediction"].get(pkey), getattr(record.result, mkey)
             errors[name] = None if p is None or not m else 100.0 * (p - m) / m
-        runs.append({"label": row["label"], "errors_pct": errors})
+        strategy = record.candidate.strategy or {}
+        runs.append({"label": row["label"], "errors_pct": errors, "threads": record.result.cpu_threads_per_rank,
+                     "offload": strategy.get("offload_optimizer") == "cpu", "machine": machine_of(record),
+                     "step_time_s": record.result.step_time_s})
     summary = {}
     for name, _, _ in METRICS:
         values = [r["errors_pct"][name] for r in runs if r["errors_pct"][name] is not None]
@@ -79,9 +116,12 @@ def sweep_errors(predicted_path: Path, records: list) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    p.add_argument("--threads", action="store_true", help="the thread test: offload runs at 1 thread and more")
     args = p.parse_args(argv)
     records = shipped_records()
     results = [sweep_errors(path, records) for path in sorted((REPO / "data" / "sweeps").glob("*.predicted.jsonl"))]
+    if args.threads:
+        return show_thread_test(thread_pairs(results), args.json)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
@@ -98,6 +138,21 @@ def main(argv=None) -> int:
     if any(not res["measured"] for res in results):
         console.print("A sweep with no run matched predates the run labels of today's records: "
                       "benchmarks/scale_out.py reads its pre-run predictions from the records themselves.")
+    return 0
+
+
+def show_thread_test(pairs: list[dict], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(pairs, indent=1))
+        return 0
+    table = Table(title=f"The thread test: step time predicted before the runs, each within {THREAD_TEST_BOUND_PCT:.0f}%")
+    for col in ("setting", "machine", "threads", "measured s", "error %", "verdict"):
+        table.add_column(col, justify="right" if col in ("threads", "measured s", "error %") else "left")
+    for pair in pairs:
+        table.add_row(pair["setting"], pair["machine"], " / ".join(map(str, pair["threads"])),
+                      " / ".join(f"{t:.2f}" for t in pair["measured_s"]),
+                      " / ".join(f"{e:+.1f}" for e in pair["errors_pct"]), "pass" if pair["passes"] else "FAIL")
+    Console(width=max(140, Console().width)).print(table)
     return 0
 
 
