@@ -80,6 +80,7 @@ def cpu_adam_params_per_s(threads: int) -> float:
 
 
 def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
+    """This rank's probe at its own thread count (what the launch set: OMP_NUM_THREADS)."""
     import torch
 
     from calibration.microbench.cpu import deepspeed_cpu_adam_built
