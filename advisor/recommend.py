@@ -154,8 +154,10 @@ class RecommendRequest:
 def recommend_run(req: RecommendRequest) -> SearchResult:
     from advisor.alternatives import alternatives
     from advisor.bands import band_fields, profile_band
+    from advisor.host_check import host_bound_note
     from advisor.launch import launch
     from models.ds_config import to_ds_config
+    from models.predict import predict
 
     workload, profile, arch = req.workload, req.profile, req.workload.arch
     problem = make_problem(workload, profile, req.gpu_counts, req.global_batch, req.tokens, req.cpu_threads_per_rank,
@@ -189,7 +191,8 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
     chosen = result.candidates.strategies[loop.pick_index if loop and loop.pick_index is not None else result.pick]
     config = to_ds_config(chosen, arch)
     line = launch(chosen, threads_of(chosen, profile), config_path=req.out_ds_config or "ds_config.json")
-    lines = search_notes(result, req.global_batch, notes + thread_warnings(chosen, profile))
+    lines = search_notes(result, req.global_batch, notes + thread_warnings(chosen, profile)
+                         + [n for n in [host_bound_note(predict(workload, chosen, profile))] if n])
     if req.as_json:
         click.echo(json.dumps({
             "recommended": point(result.pick if loop is None or loop.pick_index is None else loop.pick_index),
