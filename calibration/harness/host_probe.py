@@ -26,9 +26,10 @@ ADAM_PROBE_PARAMS = 2**26  # 64M fp32 parameters (1 GiB with the states): 0.1 s 
 
 @dataclass(frozen=True)
 class HostProbe:
-    issue_us_per_layer: float
+    issue_us_per_layer: float | None  # None: the probe failed (see `failed`)
     cpu_adam_params_per_s: float | None  # None: not measured (no offload and the op not built, or no GPU)
     threads: int
+    failed: str = ""  # why a probe that should have run did not: the run goes on without it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,18 +87,26 @@ def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
     from calibration.microbench.cpu import deepspeed_cpu_adam_built
 
     threads = torch.get_num_threads()
-    issue = issue_us_per_layer(device, sync)  # first: OpenMP threads spinning after CPUAdam slow it by ~20%
-    adam = None
+    issue, adam, failed = None, None, []
+    try:
+        issue = issue_us_per_layer(device, sync)  # first: OpenMP threads spinning after CPUAdam slow it by ~20%
+    except Exception as exc:  # noqa: BLE001 - a probe never costs the run
+        failed.append(f"issue: {type(exc).__name__}: {exc}"[:200])
     if device.type == "cuda" and (offloads_optimizer or deepspeed_cpu_adam_built()):
-        adam = cpu_adam_params_per_s(threads)
-    return HostProbe(issue_us_per_layer=issue, cpu_adam_params_per_s=adam, threads=threads)
+        try:
+            adam = cpu_adam_params_per_s(threads)
+        except Exception as exc:  # noqa: BLE001 - e.g. the op does not build; the run reports its own failure
+            failed.append(f"cpu_adam: {type(exc).__name__}: {exc}"[:200])
+    return HostProbe(issue_us_per_layer=issue, cpu_adam_params_per_s=adam, threads=threads, failed="; ".join(failed))
 
 
 def combine(per_rank: list[dict]) -> dict:
-    """The job's host probe: the slowest rank's rates (a step waits for it), and each rank's."""
+    """The job's host probe: the slowest rank's rates (a step waits for it), and each rank's; a rate
+    that any rank could not measure is None."""
     adam = [r["cpu_adam_params_per_s"] for r in per_rank]
+    issue = [r["issue_us_per_layer"] for r in per_rank]
     return {
-        "issue_us_per_layer": max(r["issue_us_per_layer"] for r in per_rank),
+        "issue_us_per_layer": None if any(i is None for i in issue) else max(issue),
         "cpu_adam_params_per_s": None if any(a is None for a in adam) else min(adam),
         "threads": per_rank[0]["threads"],
         "per_rank": per_rank,

@@ -23,3 +23,16 @@ def test_one_rank_without_a_cpu_adam_rate_leaves_it_unmeasured():
 def test_the_issue_time_is_measured_on_the_cpu_path_too():
     """Without a GPU the layers' compute is in the time; it is still a per-layer microsecond figure."""
     assert 0 < issue_us_per_layer(torch.device("cpu"), lambda: None) < 1e4
+
+
+def test_a_probe_that_fails_is_recorded_and_the_run_goes_on(monkeypatch):
+    import calibration.harness.host_probe as host_probe
+
+    def broken(device, sync):
+        raise RuntimeError("no launch")
+
+    monkeypatch.setattr(host_probe, "issue_us_per_layer", broken)
+    probe = host_probe.probe(torch.device("cpu"), lambda: None, offloads_optimizer=True)
+    assert probe.issue_us_per_layer is None and "RuntimeError: no launch" in probe.failed
+    assert probe.cpu_adam_params_per_s is None  # no GPU: not probed, not failed
+    assert combine([probe.to_dict(), {**probe.to_dict(), "issue_us_per_layer": 30.0}])["issue_us_per_layer"] is None
