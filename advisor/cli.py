@@ -182,10 +182,10 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
                                     _global_batch(global_batch_text, workload.seq_len))
     pred = predict_one(workload, strategy, prof)
     from advisor.bands import band_fields, profile_band
-    from advisor.host_check import host_bound_note
+    from advisor.host_check import host_bound_notes
     from advisor.recommend import thread_warnings
 
-    for warning in thread_warnings(strategy, prof) + [n for n in [host_bound_note(pred)] if n]:
+    for warning in thread_warnings(strategy, prof) + host_bound_notes(pred):
         click.echo(warning, err=True)
     band, why_not = profile_band(profile, prof)
     bands = band_fields(band, pred.step_time_s, pred.energy_j)

@@ -8,6 +8,7 @@ and ranks, and says how to calibrate the host when they differ.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 # A step whose predicted time is at least this share DeepSpeed's overheads and the host's issue time
@@ -63,17 +64,15 @@ def check_host(host_probe: dict | None, strategy, profile) -> HostCheck | None:
     if strategy.offload_optimizer != "cpu" or not measured:
         return None
     threads = int(host_probe["threads"])
-    ranks = min(strategy.gpus, strategy.gpus_per_node)
+    ranks = strategy.ranks_per_node
     expected = float(profile.host.cpu_adam_per_rank(threads, ranks, profile.gpus_per_node.value))
-    return HostCheck(profile_name=profile.name, threads=threads, ranks_per_node=ranks, measured_cpu_adam_params_per_s=float(measured),
-                     profile_cpu_adam_params_per_s=expected)
+    return HostCheck(profile_name=profile.name, threads=threads, ranks_per_node=ranks,
+                     measured_cpu_adam_params_per_s=float(measured), profile_cpu_adam_params_per_s=expected)
 
 
 def worst_host_note(records, profile) -> str:
     """The note of the run whose host strayed furthest from the profile (a loop's runs share a host);
     empty when every probed run is within the tolerance or none probed."""
-    import math
-
     from models.strategy import Strategy
 
     checks = [check_host(r.result.host_probe, Strategy(**r.candidate.strategy), profile)
@@ -82,14 +81,14 @@ def worst_host_note(records, profile) -> str:
     return max(off, key=lambda c: abs(math.log(c.ratio))).note if off else ""
 
 
-def host_bound_note(prediction) -> str:
-    """A note for a step that the host's issue speed sets (models.predict.Prediction); empty otherwise.
+def host_bound_notes(prediction) -> list[str]:
+    """A note for a step that the host's issue speed sets (models.predict.Prediction); none otherwise.
     The same 512-token ZeRO-3 step took 0.46 s on a 2x H200 host and 0.71 s on a one-H200 slice
     (2026-12-01, data/runs/README.md): the profile's host is not every host."""
     overhead = sum(p.time_s for p in prediction.breakdown if p.name == "deepspeed_overhead")
     share = overhead / prediction.step_time_s if prediction.step_time_s > 0 else 0.0
     if share < HOST_BOUND_SHARE:
-        return ""
-    return (f"note: {share:.0%} of this step is the host's issue time and DeepSpeed's overheads (kernel launches, "
+        return []
+    return [f"note: {share:.0%} of this step is the host's issue time and DeepSpeed's overheads (kernel launches, "
             "autograd, ZeRO hooks), which follow the host's single-thread speed: lent H200 hosts ran such steps up "
-            "to 1.5x apart. More work per launch (a longer context, a larger micro-batch) hides it behind the GPU.")
+            "to 1.5x apart. More work per launch (a longer context, a larger micro-batch) hides it behind the GPU."]

@@ -25,7 +25,7 @@ def launch(strategy: Strategy, threads_per_rank: int, config_path: str = "ds_con
     nothing (every rank then takes every core): either way CPU offload runs several times slower
     than predicted, so the lines set the count."""
     s = strategy
-    per_node = min(s.gpus, s.gpus_per_node)
+    per_node = s.ranks_per_node
     args = f"{script} --deepspeed --deepspeed_config {config_path}"
     omp = f"OMP_NUM_THREADS={threads_per_rank}"
     if s.nodes == 1:

@@ -110,7 +110,7 @@ def thread_warnings(strategy, profile) -> list[str]:
     from advisor.host_check import calibrate_host_commands
 
     threads, out = threads_of(strategy, profile), []
-    ranks = min(strategy.gpus, strategy.gpus_per_node)
+    ranks = strategy.ranks_per_node
     if strategy.offload_optimizer == "cpu" and threads == 1:
         out.append("warning: this strategy offloads to the CPU with one thread per rank: the CPU optimizer "
                    "runs several times slower than with the node's cores shared out (--cpu-threads-per-rank)")
@@ -154,7 +154,7 @@ class RecommendRequest:
 def recommend_run(req: RecommendRequest) -> SearchResult:
     from advisor.alternatives import alternatives
     from advisor.bands import band_fields, profile_band
-    from advisor.host_check import host_bound_note
+    from advisor.host_check import host_bound_notes
     from advisor.launch import launch
     from models.ds_config import to_ds_config
     from models.predict import predict
@@ -192,7 +192,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
     config = to_ds_config(chosen, arch)
     line = launch(chosen, threads_of(chosen, profile), config_path=req.out_ds_config or "ds_config.json")
     lines = search_notes(result, req.global_batch, notes + thread_warnings(chosen, profile)
-                         + [n for n in [host_bound_note(predict(workload, chosen, profile))] if n])
+                         + host_bound_notes(predict(workload, chosen, profile)))
     if req.as_json:
         click.echo(json.dumps({
             "recommended": point(result.pick if loop is None or loop.pick_index is None else loop.pick_index),

@@ -70,8 +70,7 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
     share = np.clip(share, 0.0, 1.0)
     overlap_w = gp.overlap.value
 
-    ranks_per_node = np.minimum(b.gpus, b.gpus_per_node).astype(float)
-    busy_cores = np.minimum(cpu_threads(b, profile) * ranks_per_node, profile.host.cores.value)
+    busy_cores = np.minimum(cpu_threads(b, profile) * b.ranks_per_node, profile.host.cores.value)
     cpu_extra_w = max(cp.optimizer.value - cp.idle.value, 0.0) * busy_cores / profile.host.cores.value  # per node
     gpu_e, cpu_e = {}, {}
     for name in PHASES:

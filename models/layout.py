@@ -60,7 +60,7 @@ class Layout:
         shard = np.where(stage >= 1, gpus, 1.0)
         per_rank = float(counts.trainable) / shard
         return cls(
-            gpus=gpus, ranks_per_node=np.minimum(b.gpus, b.gpus_per_node),
+            gpus=gpus, ranks_per_node=b.ranks_per_node,
             one_node=b.gpus <= b.gpus_per_node, zero_stage=stage, shard=shard, trainable_per_rank=per_rank,
             optimizer_offload=np.asarray(b.offload_optimizer) == OFFLOAD_CPU,
             param_offload=(np.asarray(b.offload_param) == OFFLOAD_CPU) & (stage == 3),

@@ -49,6 +49,11 @@ class Strategy:
         return -(-self.gpus // self.gpus_per_node)
 
     @property
+    def ranks_per_node(self) -> int:
+        """The ranks that share one node's host (its cores, memory bandwidth, CPU power)."""
+        return min(self.gpus, self.gpus_per_node)
+
+    @property
     def global_batch(self) -> int:
         """Sequences per optimizer step."""
         return self.micro_batch * self.dp * self.grad_accum
@@ -172,6 +177,10 @@ class StrategyBatch:
     @property
     def nodes(self) -> np.ndarray:
         return -(-self.gpus // np.maximum(self.gpus_per_node, 1))
+
+    @property
+    def ranks_per_node(self) -> np.ndarray:
+        return np.minimum(self.gpus, self.gpus_per_node)
 
     def strategy(self, i: int) -> Strategy:
         names = {v: k for k, v in OFFLOAD_NAMES.items()}

@@ -62,9 +62,8 @@ def bus_factor(op: str, n) -> np.ndarray:
 
 def cpu_threads(b: StrategyBatch, profile: HardwareProfile) -> np.ndarray:
     """Each rank's CPU threads: as the strategy says, else what the launch lines set."""
-    ranks_per_node = np.minimum(b.gpus, b.gpus_per_node)
     return np.where(b.cpu_threads_per_rank > 0, b.cpu_threads_per_rank,
-                    profile.host.default_threads_per_rank(ranks_per_node))
+                    profile.host.default_threads_per_rank(b.ranks_per_node))
 
 
 def collective_s(profile: HardwareProfile, op: str, total_bytes, calls, n, intra) -> np.ndarray:
