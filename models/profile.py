@@ -479,7 +479,8 @@ def profile_path(name_or_path: str | Path = DEFAULT_PROFILE) -> Path:
     if path.suffix != ".json":
         path = PROFILES_DIR / f"{name_or_path}.json"
         if not path.exists():
-            known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json") if ".band" not in p.name))
+            # NAME.json is a profile; NAME.band.json, NAME.fit-report.json and the like are its companions
+            known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json") if "." not in p.stem))
             raise ProfileError(f"unknown profile '{name_or_path}'; shipped profiles: {known}")
     if not path.exists():
         raise ProfileError(f"profile file not found: {path}")
