@@ -1,9 +1,10 @@
 """Is the host a run landed on as fast as its profile says? And how to measure it when it is not.
 
-CPU offload's step time follows the host's CPU optimizer. Lent 2x H200 hosts of one kind ran the
-same offload step up to 1.8x apart (2026-12-01, data/runs/README.md), so a profile calibrated on one
-host mispredicts another. The harness probes DeepSpeedCPUAdam on every rank before each run
-(`calibration.harness.host_probe`); this compares that rate with the profile's for the same threads
+CPU offload's step time follows the host's CPU optimizer, and a host-bound step its single-thread
+issue speed. Lent 2x H200 hosts of one kind ran the same offload step up to 1.8x apart, and one
+ZeRO-3 step 1.5x apart (2026-12-01, data/runs/README.md), so a profile calibrated on one host
+mispredicts another. The harness probes both on every rank before each run
+(`calibration.harness.host_probe`); this compares them with the profile's for the same threads
 and ranks, and says how to calibrate the host when they differ.
 """
 from __future__ import annotations
@@ -20,23 +21,25 @@ HOST_TOLERANCE = 0.20
 
 
 def calibrate_host_commands(profile_name: str) -> str:
-    """The two commands that measure a node's CPU optimizer into a copy of `profile_name`."""
-    return (f"advisor calibrate --gpus 1 --only cpu_adam --only cpu_adam_threads --fill-from {profile_name} "
-            f"--out host.json; python -m calibration.merge host.raw.jsonl --into {profile_name} --out mine.json; "
-            f"then --profile mine.json")
+    """The two commands that measure a node's CPU optimizer and issue time into a copy of `profile_name`."""
+    return (f"advisor calibrate --gpus 1 --only cpu_adam --only cpu_adam_threads --only host_issue "
+            f"--fill-from {profile_name} --out host.json; python -m calibration.merge host.raw.jsonl --into "
+            f"{profile_name} --out mine.json; then --profile mine.json")
 
 
 @dataclass(frozen=True)
 class HostCheck:
+    """One host rate the run probed against the profile's, as speeds (more is faster)."""
+
     profile_name: str
-    threads: int
-    ranks_per_node: int
-    measured_cpu_adam_params_per_s: float  # the run's probe, its slowest rank
-    profile_cpu_adam_params_per_s: float  # the profile's rate for one rank at these threads and ranks
+    what: str  # "CPU optimizer" | "issue time"
+    measured_speed: float  # the run's probe, its slowest rank: params/s, or layers issued per second
+    profile_speed: float  # the profile's, for this run's threads and ranks
+    conditions: str  # what the two were taken at, for the note
 
     @property
     def ratio(self) -> float:
-        return self.measured_cpu_adam_params_per_s / self.profile_cpu_adam_params_per_s
+        return self.measured_speed / self.profile_speed
 
     @property
     def differs(self) -> bool:
@@ -49,25 +52,40 @@ class HostCheck:
     @property
     def note(self) -> str:
         speed = "faster" if self.ratio > 1 else "slower"
-        return (f"this host's CPU optimizer ran {self.ratio:.2f}x the rate of profile {self.profile_name} "
-                f"({self.measured_cpu_adam_params_per_s / 1e9:.2f} against "
-                f"{self.profile_cpu_adam_params_per_s / 1e9:.2f} G params/s at {self.threads} thread"
-                f"{'s' * (self.threads > 1)} a rank, {self.ranks_per_node} rank{'s' * (self.ranks_per_node > 1)}): "
-                f"where this run's step is {speed} than predicted, the host is a likely cause. Measure it: "
-                + calibrate_host_commands(self.profile_name))
+        return (f"this host's {self.what} ran at {self.ratio:.2f}x the speed of profile {self.profile_name}'s "
+                f"({self.conditions}): where this run's step is {speed} than predicted, the host is a likely cause. "
+                "Measure it: " + calibrate_host_commands(self.profile_name))
+
+
+def _cpu_optimizer_check(host_probe: dict, strategy, profile) -> HostCheck | None:
+    """Only where the run offloads the optimizer: no other step depends on CPUAdam."""
+    measured = host_probe.get("cpu_adam_params_per_s")
+    if strategy.offload_optimizer != "cpu" or not measured:
+        return None
+    threads, ranks = int(host_probe["threads"]), strategy.ranks_per_node
+    expected = float(profile.host.cpu_adam_per_rank(threads, ranks, profile.gpus_per_node.value))
+    return HostCheck(profile.name, "CPU optimizer", float(measured), expected,
+                     f"{measured / 1e9:.2f} against {expected / 1e9:.2f} G params/s at {threads} thread"
+                     f"{'s' * (threads > 1)} a rank, {ranks} rank{'s' * (ranks > 1)}")
+
+
+def _issue_check(host_probe: dict, profile) -> HostCheck | None:
+    """Every probed run: host-bound steps (small models, short contexts, ZeRO-3 hooks) follow it."""
+    measured_us, expected = host_probe.get("issue_us_per_layer"), profile.host.issue_per_layer
+    if not measured_us or expected is None:
+        return None
+    return HostCheck(profile.name, "issue time", 1e6 / measured_us, 1.0 / expected.value,
+                     f"{measured_us:.0f} against {expected.value * 1e6:.0f} us a layer")
 
 
 def check_host(host_probe: dict | None, strategy, profile) -> HostCheck | None:
-    """The run's probed CPUAdam rate against the profile's; None where the run does not offload the
-    optimizer (its step does not depend on it) or probed none."""
-    measured = (host_probe or {}).get("cpu_adam_params_per_s")
-    if strategy.offload_optimizer != "cpu" or not measured:
+    """The run's probed host against the profile's: the check furthest off of those that apply (the
+    CPU optimizer for offload runs, the issue time for all); None where the run probed nothing."""
+    if not host_probe:
         return None
-    threads = int(host_probe["threads"])
-    ranks = strategy.ranks_per_node
-    expected = float(profile.host.cpu_adam_per_rank(threads, ranks, profile.gpus_per_node.value))
-    return HostCheck(profile_name=profile.name, threads=threads, ranks_per_node=ranks,
-                     measured_cpu_adam_params_per_s=float(measured), profile_cpu_adam_params_per_s=expected)
+    checks = [c for c in (_cpu_optimizer_check(host_probe, strategy, profile), _issue_check(host_probe, profile))
+              if c is not None]
+    return max(checks, key=lambda c: abs(math.log(c.ratio)), default=None)
 
 
 def worst_host_note(records, profile) -> str:

@@ -140,6 +140,7 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
         # does not carry over either, and is taken as the cast plus a pinned upload (not measured).
         param_cast_threads=None,
         param_direct_upload_threads=None,
+        issue_per_layer=None,  # a core's single-thread speed too: the issue constants stay the reference's, unscaled
     )
     intra = {op: _scaled_collective(ref["intra_node"][op], sheet.gpu_link.value / ref_sheet.gpu_link.value,
                                     f"derived: {origin}'s intra-node {op} x {sheet.gpu_link.value / ref_sheet.gpu_link.value:.4g}, "
@@ -182,7 +183,7 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
         gpus_per_node=datasheet(sheet.gpus_per_node), gpu=gpu, host=host,
         intra_node=intra, inter_node=inter, power=power,
         overlap={k: carried(v) for k, v in ref["overlap"].items()},
-        overheads={k: carried(v) for k, v in ref["overheads"].items()},
+        overheads={k: (carried(v) if v is not None else None) for k, v in ref["overheads"].items()},
         memory={k: (carried(v) if v is not None else None) for k, v in ref["memory"].items()},
         fit=None,
     )

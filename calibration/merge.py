@@ -7,7 +7,8 @@ this keeps every other constant (and its fit) and replaces what RAW measured. Co
 intra-node alpha-beta constants at each group size (2, 4, 8 ...), the node-wide group as the
 headline values. The CPU optimizer on all cores: `host.cpu_adam` and `host.cores`; against threads:
 `host.cpu_adam_threads`; the parameter refresh
-against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; attention at
+against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; the host's issue
+time: `host.issue_per_layer` (the issue constants then scale with it); attention at
 head dims besides 128: `gpu.attention_{fwd,bwd}_head_dim_ratio`. Sources name RAW.
 """
 from __future__ import annotations
@@ -48,7 +49,8 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
         merged.append("the CPU optimizer on all the host's cores, and their count")
     for key, what in (("cpu_adam_threads", "the CPU optimizer against threads"),
                       ("param_cast_threads", "the parameter cast against threads"),
-                      ("param_direct_upload_threads", "the direct parameter upload against threads")):
+                      ("param_direct_upload_threads", "the direct parameter upload against threads"),
+                      ("issue_per_layer", "the host's issue time per layer")):
         if host.get(key):
             data["host"][key] = relabel(host[key], f"{raw_path.name}, on {header.get('device')}: ")
             merged.append(what)
@@ -59,7 +61,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
         merged.append("attention's rate against head dim")
     if not merged:
         raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, CPUAdam or the "
-                         "parameter refresh against threads, attention at two head dims)")
+                         "parameter refresh against threads, the host's issue time, attention at two head dims)")
     data["provenance"]["notes"] += (f" {'; '.join(merged).capitalize()} replaced by those measured in {raw_path.name} "
                                     f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "
                                     f"{header.get('device')}).")
@@ -70,7 +72,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads, "
-                               "param_refresh, attention) run")
+                               "param_refresh, host_issue, attention) run")
     p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
     p.add_argument("--out", help="where to write (default: over --into when it is a path)")
     args = p.parse_args(argv)

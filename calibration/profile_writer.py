@@ -220,6 +220,10 @@ class ProfileBuilder:
                     f"{'measured' if not self.cpu else 'measured on the CPU path'}: parameter refresh "
                     f"({path}) of {rows[0]['params']} fp32 params on {_span([r['threads'] for r in rows], '')} "
                     f"threads, median")
+        issue = [r for r in self.family("host_issue") if r.get("ran", True)]
+        issue_q = _q(issue[0]["us_per_layer"] * 1e-6, "s",
+                     f"{'measured' if not self.cpu else 'measured on the CPU path'}: the host probe's issue time "
+                     f"of a tiny layer's forward and backward, on {issue[0]['threads']} threads, median") if issue else None
         mem_q = None
         if mem:
             m = mem[0]
@@ -236,6 +240,7 @@ class ProfileBuilder:
             "cpu_adam": adam_q,
             **({"cpu_adam_threads": threads_curve} if threads_curve else {}),  # optional: older calibrations lack it
             **refresh,  # optional, as the thread curve
+            **({"issue_per_layer": issue_q} if issue_q else {}),  # optional, as the thread curve
         }
 
     def collective(self, op: str, scope: str, size: int, label: str) -> dict | None:

@@ -42,6 +42,11 @@ class MeasuredRun:
     peak_host_mem_gib: float | None = None  # peak resident host memory, summed over the job's ranks
     run_id: str = ""
     label: str = ""
+    host_issue_per_layer_s: float | None = None  # the run's host probe (issue time); None: not probed
+
+    def on_its_host(self, profile: HardwareProfile) -> HardwareProfile:
+        """The profile as the run saw it: on the host its probe measured."""
+        return profile.on_host(self.host_issue_per_layer_s)
 
     @property
     def family(self) -> str:
@@ -144,21 +149,22 @@ class RunPredictions:
 
 
 class RunEvaluator:
-    """Predicts a fixed list of runs on any profile, one `predict_batch` call per workload."""
+    """Predicts a fixed list of runs on any profile, one `predict_batch` call per workload and host
+    probe (each run on its own host)."""
 
     def __init__(self, runs: list[MeasuredRun]):
-        groups: dict[Workload, list[int]] = {}
+        groups: dict[tuple[Workload, float | None], list[int]] = {}
         for i, run in enumerate(runs):
-            groups.setdefault(run.workload, []).append(i)
+            groups.setdefault((run.workload, run.host_issue_per_layer_s), []).append(i)
         self.n = len(runs)
-        self._groups = [(w, StrategyBatch.from_strategies([runs[i].strategy for i in idx]), np.asarray(idx))
-                        for w, idx in groups.items()]
+        self._groups = [(w, runs[idx[0]], StrategyBatch.from_strategies([runs[i].strategy for i in idx]),
+                         np.asarray(idx)) for (w, _), idx in groups.items()]
 
     def __call__(self, profile: HardwareProfile) -> RunPredictions:
         step, energy, alloc = np.empty(self.n), np.empty(self.n), np.empty(self.n)
         phases: dict[str, np.ndarray] = {}
-        for workload, batch, idx in self._groups:
-            p = predict_batch(workload, batch, profile)
+        for workload, first, batch, idx in self._groups:
+            p = predict_batch(workload, batch, first.on_its_host(profile))
             step[idx], energy[idx], alloc[idx] = p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib
             for name, values in p.phase_time_s.items():
                 phases.setdefault(name, np.zeros(self.n))[idx] = values
@@ -261,7 +267,7 @@ class ProfileFit:
         if not runs:
             raise ValueError("no measured runs to fit")
         assert self.uninformed in ("keep", "fit"), self.uninformed
-        base_profile = prefit_profile(base_profile)
+        base_profile = anchored_to_its_host(prefit_profile(base_profile))
         params = self.parameters or default_parameters(base_profile)
         start = {p.name: get_value(base_profile, p.name) for p in params}
         values, fitted = dict(start), {}
@@ -406,6 +412,19 @@ def prefit_profile(profile: HardwareProfile) -> HardwareProfile:
         node[last] = None if quantity is None else quantity.model_dump()
     data.update(provenance=profile.fit.prefit_provenance.model_dump(), fit=None)
     return HardwareProfile.model_validate(data)
+
+
+def anchored_to_its_host(profile: HardwareProfile) -> HardwareProfile:
+    """The profile with its issue constants tied to its own host's probe, where they are not tied
+    yet: a fit takes runs without a probe of their own to have run on the profile's host, and scales
+    the others by their probes (`HardwareProfile.host_issue_scale`)."""
+    here = profile.host.issue_per_layer
+    if profile.overheads.issue_fitted_at_per_layer is not None or here is None:
+        return profile
+    anchor = here.model_copy(update={"source": f"the profile's host probe, where runs without one are taken to have "
+                                               f"run ({here.source})"})
+    return profile.model_copy(update={"overheads": profile.overheads.model_copy(
+        update={"issue_fitted_at_per_layer": anchor})})
 
 
 def fitted_run_ids(profile: HardwareProfile) -> set[str]:

@@ -51,7 +51,7 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
         if others:
             informed = {name for name, e in effects.items() if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
             model_profile = fold_model.fit(others, base_profile, warm_start=warm, informed=informed).profile_
-        p = predict(held.workload, held.strategy, model_profile)
+        p = predict(held.workload, held.strategy, held.on_its_host(model_profile))
         out.append(HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile))
     return out
 
@@ -71,7 +71,7 @@ def cross_validated_error(runs: list[MeasuredRun], base_profile: HardwareProfile
             continue
         profile = ProfileFit(**estimator.get_params()).fit(train, base_profile).profile_
         for i in held:
-            p = predict(runs[i].workload, runs[i].strategy, profile)
+            p = predict(runs[i].workload, runs[i].strategy, runs[i].on_its_host(profile))
             errors.append(abs(np.log(p.step_time_s / runs[i].step_time_s)))
             if runs[i].gpu_energy_j:
                 errors.append(abs(np.log(p.gpu_energy_j / runs[i].gpu_energy_j)))

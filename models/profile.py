@@ -159,6 +159,10 @@ class HostSpec(_Strict):
     # None in profiles calibrated before they were measured (see param_cast_rate).
     param_cast_threads: ThreadRateCurve | None = None
     param_direct_upload_threads: ThreadRateCurve | None = None
+    # The host's time to issue one tiny layer's forward and backward from Python (the host probe,
+    # calibration/harness/host_probe.py): its single-thread speed, which sets host-bound steps.
+    # None in profiles calibrated before it was measured (the issue constants are then used as fitted).
+    issue_per_layer: Seconds | None = None
 
     def default_threads_per_rank(self, ranks_per_node) -> np.ndarray:
         """What the advisor's launch lines set: the cores shared evenly by the node's ranks."""
@@ -304,7 +308,8 @@ class Overheads(_Strict):
     GPUs: the host waits on DeepSpeed's fetch and reduce events, so it cannot run ahead of the
     GPU (H200, 2026-11-30: qwen2.5-1.5b at 512 tokens, all host, took as long on 2 GPUs as on 1;
     at 8k, host and GPU near equal, 35% longer). Both are zero, their defaults, until fitted.
-    `compute_efficiency` scales the calibrated GEMM and memory-bound
+    `issue_fitted_at_per_layer` ties the three issue constants to a host speed (see
+    `HardwareProfile.host_issue_scale`). `compute_efficiency` scales the calibrated GEMM and memory-bound
     rates to what a training step gets; attention is not scaled (`GpuSpec.attention_rates`: the
     calibration times the kernel training calls, at the run's sequence and head dim).
     """
@@ -322,6 +327,9 @@ class Overheads(_Strict):
         value=0.0, unit="s", source="not fitted: no offload runs at several thread counts (neutral value)")
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
+    # The host probe's issue time on the hosts `layer_pass`, `zero3_module_pass` and `zero12_grad_hook`
+    # describe: on a host whose probe reads otherwise (`HostSpec.issue_per_layer`) they scale with it.
+    issue_fitted_at_per_layer: Seconds | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -413,6 +421,24 @@ class HardwareProfile(_Strict):
             raise ValueError(f"power.cpu.optimizer: {self.power.cpu.optimizer.value} W is below power.cpu.idle "
                              f"({self.power.cpu.idle.value} W)")
         return self
+
+    @property
+    def host_issue_scale(self) -> float:
+        """How much slower this profile's host issues work than the hosts its issue constants were
+        fitted on: the ratio of the two host-probe readings; 1 where either is unknown. Lent H200 hosts
+        ran one host-bound ZeRO-3 step 1.5x apart, and a run's residual followed its probe."""
+        here, fitted_at = self.host.issue_per_layer, self.overheads.issue_fitted_at_per_layer
+        if here is None or fitted_at is None or not fitted_at.value > 0:
+            return 1.0
+        return here.value / fitted_at.value
+
+    def on_host(self, issue_per_layer_s: float | None) -> "HardwareProfile":
+        """This profile on a host whose probe read `issue_per_layer_s` (a run's `host_probe`); itself
+        when the run has no probe."""
+        if issue_per_layer_s is None or not issue_per_layer_s > 0:
+            return self
+        probed = Quantity(value=float(issue_per_layer_s), unit="s", source="the run's host probe")
+        return self.model_copy(update={"host": self.host.model_copy(update={"issue_per_layer": probed})})
 
     def describe(self) -> str:
         p = self.provenance

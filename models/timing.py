@@ -374,9 +374,10 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # ZeRO-3's fetch/release hooks and ZeRO-1/2's gradient hooks run on the same host thread that
     # issues the kernels. Under ZeRO-3 on several GPUs the host also waits on fetch and reduce
     # events, so part of the shorter of the two does not overlap.
+    # The three are Python on one thread: they scale with the host's probed issue speed.
     hooks = np.where(lay.z12, ps.backward_modules, 0.0)
-    host_issue = (ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value
-                  + hooks * ov.zero12_grad_hook.value)
+    host_issue = profile.host_issue_scale * (ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value
+                                             + hooks * ov.zero12_grad_hook.value)
     serial = np.where(lay.z3 & (b.gpus > 1), ov.zero3_host_serial.value, 0.0)
 
     def exposed(gpu_s):

@@ -102,8 +102,10 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
     workload = Workload(arch, c.seq_len, images=c.images, frames=c.frames, image_size=c.image_size,
                         train_vision=not c.freeze_vision, loss_dtype=c.loss_dtype)
     energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
+    issue_us = (r.host_probe or {}).get("issue_us_per_layer")
     return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
-                       r.peak_gpu_reserved_gib, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy))
+                       r.peak_gpu_reserved_gib, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy),
+                       host_issue_per_layer_s=issue_us * 1e-6 if issue_us else None)
 
 
 def _geometric_mean(values: list[float]) -> float | None:
@@ -115,13 +117,16 @@ def mean_of_repeats(records: list[RunRecord]) -> RunRecord:
     step times and of the GPU energies, the rest the latest's. Repeats are the same step on other
     hosts of one kind, which ran host-bound steps 1.2-1.8x apart (2026-12-01); the model predicts the
     typical host, and one run per candidate keeps leave-one-out from meeting a twin of the run it
-    left out."""
+    left out. The host's issue time is the geometric mean of the repeats' probes too, and unknown
+    unless every repeat probed its host."""
     latest = records[-1]
     if len(records) == 1:
         return latest
     energies = [r.result.gpu_energy_j for r in records if r.result.gpu_energy_j]
+    issues = [(r.result.host_probe or {}).get("issue_us_per_layer") for r in records]
+    probe = {"issue_us_per_layer": _geometric_mean(issues)} if all(issues) else None
     result = dataclasses.replace(latest.result, step_time_s=_geometric_mean([r.result.step_time_s for r in records]),
-                                 gpu_energy_j=_geometric_mean(energies))
+                                 gpu_energy_j=_geometric_mean(energies), host_probe=probe)
     return dataclasses.replace(latest, result=result)
 
 

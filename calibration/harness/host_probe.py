@@ -18,9 +18,6 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-PROBE_LAYERS = 16
-PROBE_WIDTH = 64
-PROBE_REPEATS = 20
 ADAM_PROBE_PARAMS = 2**26  # 64M fp32 parameters (1 GiB with the states): 0.1 s a step on one thread
 
 
@@ -33,29 +30,6 @@ class HostProbe:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def issue_us_per_layer(device, sync) -> float:
-    """Host microseconds to issue one tiny linear layer's forward and backward (median of 5 rounds)."""
-    import torch
-
-    net = torch.nn.Sequential(*[torch.nn.Linear(PROBE_WIDTH, PROBE_WIDTH) for _ in range(PROBE_LAYERS)]).to(device)
-    x = torch.randn(8, PROBE_WIDTH, device=device)
-
-    def once():
-        net(x).sum().backward()
-
-    for _ in range(3):
-        once()
-    sync()
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(PROBE_REPEATS):
-            once()
-        rounds.append(time.perf_counter() - t0)  # the host's issue time: nothing waits for the GPU here
-        sync()
-    return statistics.median(rounds) / (PROBE_REPEATS * PROBE_LAYERS) * 1e6
 
 
 def cpu_adam_params_per_s(threads: int) -> float:
@@ -84,7 +58,7 @@ def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
     """This rank's probe at its own thread count (what the launch set: OMP_NUM_THREADS)."""
     import torch
 
-    from calibration.microbench.cpu import deepspeed_cpu_adam_built
+    from calibration.microbench.cpu import deepspeed_cpu_adam_built, issue_us_per_layer
 
     threads = torch.get_num_threads()
     issue, adam, failed = None, None, []

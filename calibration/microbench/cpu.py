@@ -1,4 +1,5 @@
-"""Host CPU: the offloaded optimizer step (params/s on all cores, and against threads) and memory bandwidth.
+"""Host CPU: the offloaded optimizer step (params/s on all cores, and against threads), memory
+bandwidth, and the host's issue time per layer (its single-thread speed: what host-bound steps wait on).
 
 ZeRO-Offload runs DeepSpeedCPUAdam on the host; its throughput bounds the step when the
 optimizer is offloaded. DeepSpeedCPUAdam is JIT-compiled with the host compiler at first
@@ -108,6 +109,43 @@ def bench_cpu_adam(ctx: BenchContext, threads: int | None = None) -> dict:
             "step_time_s": t, "params_per_s": n / t}
 
 
+ISSUE_PROBE_LAYERS = 16
+ISSUE_PROBE_WIDTH = 64
+ISSUE_PROBE_REPEATS = 20
+
+
+def issue_us_per_layer(device, sync) -> float:
+    """Host microseconds to issue one tiny linear layer's forward and backward (median of 5 rounds).
+
+    The layers are tiny, so the GPU waits on the host throughout: this is Python dispatch, autograd
+    and kernel launch, the work that bounds small or short-context steps and ZeRO-3's hooks."""
+    width = ISSUE_PROBE_WIDTH
+    net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(ISSUE_PROBE_LAYERS)]).to(device)
+    x = torch.randn(8, width, device=device)
+
+    def once():
+        net(x).sum().backward()
+
+    for _ in range(3):
+        once()
+    sync()
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(ISSUE_PROBE_REPEATS):
+            once()
+        rounds.append(time.perf_counter() - t0)  # the host's issue time: nothing waits for the GPU here
+        sync()
+    return statistics.median(rounds) / (ISSUE_PROBE_REPEATS * ISSUE_PROBE_LAYERS) * 1e6
+
+
+def bench_host_issue(ctx: BenchContext) -> dict:
+    """The host probe's issue time, as every real run records it (calibration/harness/host_probe.py)."""
+    if ctx.local_rank != 0:
+        return {"ran": False}
+    return {"ran": True, "threads": torch.get_num_threads(), "us_per_layer": issue_us_per_layer(ctx.device, ctx.sync)}
+
+
 def host_memory_bytes(quick: bool, cpu: bool) -> int:
     return 64 * 2**20 if cpu else (2**30 if quick else 4 * 2**30)
 
@@ -142,6 +180,7 @@ def items(ctx: BenchContext) -> list[BenchItem]:
                   for t in thread_counts(host_cores())]
     return [
         BenchItem("cpu/host_memory", "host_memory", bench_host_memory, label="host memory copy, all cores"),
+        BenchItem("cpu/host_issue", "host_issue", bench_host_issue, label="host issue time per layer"),
         BenchItem("cpu/adam", "cpu_adam", bench_cpu_adam, label="CPU Adam step, all cores"),
         *by_threads,
     ]

@@ -19,7 +19,7 @@ def profile_rate(threads, ranks):
 def test_a_host_as_fast_as_the_profile_passes():
     probe = {"cpu_adam_params_per_s": profile_rate(1, 2) * (1 + HOST_TOLERANCE / 2), "threads": 1}
     checked = check_host(probe, TWO_RANKS_ONE_THREAD, H200)
-    assert checked.ranks_per_node == 2 and not checked.differs
+    assert checked.what == "CPU optimizer" and "2 ranks" in checked.conditions and not checked.differs
 
 
 @pytest.mark.parametrize("factor, word", [(0.55, "slower"), (1.3, "faster")])
@@ -28,13 +28,14 @@ def test_a_host_off_the_profile_is_named_with_the_commands_that_measure_it(facto
     checked = check_host(probe, TWO_RANKS_ONE_THREAD, H200)
     assert checked.differs and checked.ratio == pytest.approx(factor)
     assert f"is {word} than predicted" in checked.note and "--fill-from h200" in checked.note and "calibration.merge" in checked.note
+    assert "--only host_issue" in checked.note
 
 
 def test_the_profile_rate_is_the_one_for_the_runs_threads():
     """16 threads step far faster than 1: a probe at 16 threads is held to the 16-thread rate."""
     probe = {"cpu_adam_params_per_s": profile_rate(16, 1), "threads": 16}
     checked = check_host(probe, Strategy(gpus=1, zero_stage=2, offload_optimizer="cpu"), H200)
-    assert checked.threads == 16 and checked.ratio == pytest.approx(1.0)
+    assert "16 threads a rank" in checked.conditions and checked.ratio == pytest.approx(1.0)
     assert profile_rate(16, 1) > 3 * profile_rate(1, 1)
 
 
@@ -49,11 +50,25 @@ def test_a_run_that_does_not_offload_is_not_held_to_the_cpu_optimizer():
     assert check_host(probe, Strategy(gpus=1, zero_stage=2), H200) is None
 
 
+def test_every_probed_run_is_held_to_the_profiles_issue_time_and_the_furthest_check_speaks():
+    issue_us = H200.host.issue_per_layer.value * 1e6
+    probe = {"cpu_adam_params_per_s": profile_rate(16, 1) * 0.9, "threads": 16, "issue_us_per_layer": issue_us * 1.5}
+    checked = check_host(probe, Strategy(gpus=1, zero_stage=3), H200)
+    assert checked.what == "issue time" and checked.differs and checked.ratio == pytest.approx(1 / 1.5)
+    assert "slower than predicted" in checked.note
+    offload = check_host(dict(probe, issue_us_per_layer=issue_us), Strategy(gpus=1, zero_stage=2, offload_optimizer="cpu"),
+                         H200)
+    assert offload.what == "CPU optimizer" and offload.ratio == pytest.approx(0.9)  # further off than the issue time
+    unprobed_profile = H200.model_copy(update={"host": H200.host.model_copy(update={"issue_per_layer": None})})
+    assert check_host(probe, Strategy(gpus=1, zero_stage=3), unprobed_profile) is None
+
+
 def test_validate_reports_the_host_beside_the_errors():
     c = Candidate(model="qwen2.5-1.5b", seq_len=8192, ds_config={}, label="x",
                   strategy={"gpus": 2, "gpus_per_node": 2, "zero_stage": 2, "offload_optimizer": "cpu",
                             "cpu_threads_per_rank": 1})
-    probe = {"cpu_adam_params_per_s": profile_rate(1, 2) * 0.6, "threads": 1, "issue_us_per_layer": 40.0}
+    probe = {"cpu_adam_params_per_s": profile_rate(1, 2) * 0.6, "threads": 1,
+             "issue_us_per_layer": H200.host.issue_per_layer.value * 1e6}
     r = RunRecord.now(c, RunResult(status="ok", step_time_s=2.0, host_probe=probe), prediction={"step_time_s": 1.5})
     assert compare(r).host is None  # without the profile there is nothing to hold it to
     host = compare(r, H200).host

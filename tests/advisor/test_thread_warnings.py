@@ -21,7 +21,7 @@ def test_offload_names_the_host_it_was_measured_on_and_how_to_measure_yours():
     said = thread_warnings(Strategy(gpus=2, zero_stage=2, offload_optimizer="cpu"), H200)
     note = [line for line in said if line.startswith("note:")]
     assert len(note) == 1 and H200.host.cpu in note[0]
-    assert "advisor calibrate --gpus 1 --only cpu_adam --only cpu_adam_threads --fill-from h200" in note[0]
+    assert "advisor calibrate --gpus 1 --only cpu_adam --only cpu_adam_threads --only host_issue --fill-from h200" in note[0]
     # merged into the whole profile: a one-GPU calibration's own profile says one GPU per node
     assert "python -m calibration.merge host.raw.jsonl --into h200 --out mine.json" in note[0]
     assert not any(line.startswith("warning:") for line in said)  # the default threads are the node's cores shared

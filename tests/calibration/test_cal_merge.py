@@ -94,6 +94,24 @@ def test_the_parameter_refresh_against_threads_is_merged(tmp_path):
     assert host.param_direct_upload_threads.y == pytest.approx([6.3e8, 2.3e9])
     assert host.param_direct_upload_threads.source.startswith("refresh.raw.jsonl, on NVIDIA H200: measured")
 
+def test_the_hosts_issue_time_is_merged_and_scales_the_fitted_issue_constants(tmp_path):
+    """A user's node calibrates its host probe: predictions scale the issue constants by its reading
+    over the one they were fitted at; the constants themselves are kept."""
+    raw = RawLog(tmp_path / "issue.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
+                                                "nodes": 1, "quick": False, "machine": "m"})
+    raw.append(RawResult("cpu/host_issue", "host_issue", "ok", {"ran": True, "threads": 16, "us_per_layer": 180.0},
+                         None, 1.0, "now"))
+    data = json.loads(_profile_file(tmp_path).read_text())
+    data["overheads"]["issue_fitted_at_per_layer"] = {"value": 120e-6, "unit": "s", "source": "fitted at"}
+    fitted = tmp_path / "fitted.json"
+    fitted.write_text(json.dumps(data))
+    merged = parse_profile(merged_profile(raw.path, fitted))
+    assert merged.host.issue_per_layer.value == pytest.approx(180e-6)
+    assert merged.host.issue_per_layer.source.startswith("issue.raw.jsonl, on NVIDIA H200: measured")
+    assert merged.overheads == parse_profile(data).overheads
+    assert merged.host_issue_scale == pytest.approx(1.5)
+
+
 def test_the_shipped_head_dim_ratios_are_what_merging_their_raw_file_gives():
     """h200's attention rate against head dim comes from its own calibration's raw file."""
     repo = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from models.fit import (
     with_values,
 )
 from models.predict import predict
-from models.profile import parse_profile
+from models.profile import Quantity, parse_profile
 
 # Tolerances for 52 runs with 0.5% noise, started from tests/synthetic.START_VALUES (efficiencies
 # 1.0, overheads 0, powers 680/205/410/590 W): what the sweep's mix of runs pins down well.
@@ -189,3 +189,33 @@ def test_host_process_memory_is_the_median_per_rank_of_runs_without_offload(smal
     before, after = predict(run.workload, run.strategy, base), predict(run.workload, run.strategy, p)
     ranks = min(run.strategy.gpus, run.strategy.gpus_per_node)
     assert after.peak_host_mem_gib - before.peak_host_mem_gib == pytest.approx(1.8 * ranks)
+
+
+def test_runs_on_slower_or_faster_hosts_are_fitted_through_their_probes(specs, base):
+    """The machine's issue constants hold at its own host (probe 100 us); each run landed on a host
+    whose probe read 70-170 us and was measured there. Fitted through the runs' probes, layer_pass
+    comes back; fitted as if every run were on the profile's host, it does not."""
+    from models.fit import anchored_to_its_host
+
+    def on_host_of_100us(p):
+        here = p.host.model_copy(update={"issue_per_layer": Quantity(value=100e-6, unit="s", source="test")})
+        untied = p.overheads.model_copy(update={"issue_fitted_at_per_layer": None})
+        return p.model_copy(update={"host": here, "overheads": untied})
+
+    start = on_host_of_100us(base)
+    truth = anchored_to_its_host(on_host_of_100us(true_profile({"overheads.layer_pass": 2e-3, "overheads.step": 0.08})))
+    host_bound = [s for s in specs if s["seq"] <= 4096][:14]
+    probes = np.random.default_rng(7).uniform(70e-6, 170e-6, len(host_bound))
+    skeleton = [dataclasses.replace(r, host_issue_per_layer_s=float(h))
+                for r, h in zip(synthetic_runs(truth, noise=0.0, specs=host_bound), probes)]
+    measured = RunEvaluator(skeleton)(truth)
+    runs = [dataclasses.replace(r, step_time_s=float(t)) for r, t in zip(skeleton, measured.step_time_s)]
+    params = (FitParameter("overheads.layer_pass", 0.0, 0.01, 1e-3, "time"),
+              FitParameter("overheads.step", 0.0, 5.0, 0.05, "time"))
+    probed = ProfileFit(parameters=params).fit(runs, start)
+    blind = ProfileFit(parameters=params).fit([dataclasses.replace(r, host_issue_per_layer_s=None) for r in runs], start)
+    assert probed.profile_.overheads.issue_fitted_at_per_layer.value == pytest.approx(100e-6)
+    assert probed.parameters_["overheads.layer_pass"].value == pytest.approx(2e-3, rel=0.02)
+    errors = [np.max(np.abs(np.log(RunEvaluator(runs)(f.profile_).step_time_s / measured.step_time_s)))
+              for f in (probed, blind)]
+    assert errors[0] < 0.01 < errors[1]

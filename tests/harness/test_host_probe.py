@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from calibration.harness.host_probe import combine, issue_us_per_layer
+from calibration.harness.host_probe import combine
+from calibration.microbench.cpu import issue_us_per_layer
 
 
 def test_the_job_takes_its_slowest_rank():
@@ -27,11 +28,12 @@ def test_the_issue_time_is_measured_on_the_cpu_path_too():
 
 def test_a_probe_that_fails_is_recorded_and_the_run_goes_on(monkeypatch):
     import calibration.harness.host_probe as host_probe
+    import calibration.microbench.cpu as cpu
 
     def broken(device, sync):
         raise RuntimeError("no launch")
 
-    monkeypatch.setattr(host_probe, "issue_us_per_layer", broken)
+    monkeypatch.setattr(cpu, "issue_us_per_layer", broken)
     probe = host_probe.probe(torch.device("cpu"), lambda: None, offloads_optimizer=True)
     assert probe.issue_us_per_layer is None and "RuntimeError: no launch" in probe.failed
     assert probe.cpu_adam_params_per_s is None  # no GPU: not probed, not failed

@@ -429,3 +429,45 @@ def test_without_measured_refresh_rates_the_host_bandwidth_and_the_pinned_link_s
     assert 1 / direct == pytest.approx(1 / cast + 2 / float(host.h2d(2.0**30)))
     measured = _with({"host.param_cast_threads": CAST_CURVE, "host.param_direct_upload_threads": DIRECT_CURVE}).host
     assert measured.param_cast_rate(16) == pytest.approx(1e10) and measured.param_direct_upload_rate(1) == pytest.approx(5e8)
+
+
+def _probed(profile, here_s: float | None, fitted_at_s: float | None):
+    """`profile` on a host whose probe read `here_s`, its issue constants fitted at `fitted_at_s`."""
+    from models.profile import Quantity
+
+    def q(v):
+        return None if v is None else Quantity(value=v, unit="s", source="test")
+
+    return profile.model_copy(update={
+        "host": profile.host.model_copy(update={"issue_per_layer": q(here_s)}),
+        "overheads": profile.overheads.model_copy(update={"issue_fitted_at_per_layer": q(fitted_at_s)})})
+
+
+def test_the_issue_time_scales_with_the_hosts_probe_against_the_one_it_was_fitted_on():
+    """A host whose probe reads 1.5x the fitted-at host's issues layers, ZeRO-3 hooks and ZeRO-1/2
+    hooks 1.5x slower: a host-bound step waits on it, a GPU-bound one does not; without either
+    reading nothing scales."""
+    base = {"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 1e-3,
+            "overheads.zero3_module_pass": 2e-4, "overheads.zero12_grad_hook": 1e-4}
+    same, slow, unknown = (_probed(_with(base), here, at) for here, at in
+                           ((100e-6, 100e-6), (150e-6, 100e-6), (150e-6, None)))
+    assert same.host_issue_scale == 1.0 and slow.host_issue_scale == pytest.approx(1.5)
+    assert unknown.host_issue_scale == 1.0
+    small = Workload(load_architecture("qwen2.5-0.5b"), 512)
+    for stage in (0, 2, 3):
+        s = Strategy(zero_stage=stage)
+        gpu_s = sum(v for k, v in _phases(s, same, small).items() if k != "deepspeed_overhead")
+        host_same, host_slow = (_phases(s, p, small)["deepspeed_overhead"] for p in (same, slow))
+        assert host_slow - host_same == pytest.approx(0.5 * (host_same + gpu_s), rel=0.1), stage  # all host-bound
+        assert _phases(s, unknown, small) == _phases(s, same, small)
+    big = Workload(load_architecture("llama-2-7b"), 32768)
+    s = Strategy(zero_stage=2, gpus=4, gpus_per_node=4, checkpoint_every=1)  # hidden behind seconds of GPU work
+    assert predict(big, s, slow).step_time_s == pytest.approx(predict(big, s, same).step_time_s, rel=1e-4)
+
+
+def test_a_run_is_predicted_on_the_host_its_probe_measured():
+    p = _probed(_with({}), 100e-6, 100e-6)
+    assert p.on_host(None) is p and p.on_host(0.0) is p
+    on_it = p.on_host(130e-6)
+    assert on_it.host_issue_scale == pytest.approx(1.3)
+    assert on_it.overheads == p.overheads and on_it.gpu == p.gpu

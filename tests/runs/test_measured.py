@@ -61,3 +61,20 @@ def test_unreadable_run_file_names_the_line(tmp_path):
         gather_records([path])
     with pytest.raises(RunFileError, match="not found"):
         gather_records([tmp_path / "missing.jsonl"])
+
+
+def _probed(record, issue_us: float | None, minutes: int):
+    probe = None if issue_us is None else {"issue_us_per_layer": issue_us, "cpu_adam_params_per_s": None, "threads": 16}
+    return RunRecord(record.key, f"2026-12-01T10:{minutes:02d}:00+00:00", record.candidate,
+                     dataclasses.replace(record.result, host_probe=probe))
+
+
+def test_a_runs_host_probe_reaches_the_model_in_seconds_and_repeats_average_it(records):
+    first, second = records[0], records[1]
+    runs = {r.run_id: r for r in to_run_set([_probed(first, 150.0, 0), _probed(second, None, 1)]).runs}
+    assert runs[first.key].host_issue_per_layer_s == pytest.approx(150e-6)
+    assert runs[second.key].host_issue_per_layer_s is None
+    both = to_run_set([_probed(first, 100.0, 0), _probed(first, 400.0, 1)]).runs[0]
+    assert both.host_issue_per_layer_s == pytest.approx(200e-6)  # geometric mean, as the step times
+    # a repeat on a host that was not probed: the mean step's host is unknown
+    assert to_run_set([_probed(first, 100.0, 0), _probed(first, None, 1)]).runs[0].host_issue_per_layer_s is None
