@@ -45,8 +45,10 @@ class MeasuredRun:
     host_issue_per_layer_s: float | None = None  # the run's host probe (issue time); None: not probed
 
     def on_its_host(self, profile: HardwareProfile) -> HardwareProfile:
-        """The profile as the run saw it: on the host its probe measured."""
-        return profile.on_host(self.host_issue_per_layer_s)
+        """The profile as the run saw it: on the host its probe measured; a run without a probe ran on
+        the hosts the profile's issue constants describe (`overheads.issue_fitted_at_per_layer`)."""
+        anchor = profile.overheads.issue_fitted_at_per_layer
+        return profile.on_host(self.host_issue_per_layer_s or (anchor.value if anchor is not None else None))
 
     @property
     def family(self) -> str:
@@ -100,12 +102,19 @@ TIME_PARAMETERS = (
 POWER_PHASES = ("compute", "memory_bound", "collective", "host_copy", "wait", "overlap")
 
 
+# What the host probe would have read on the hosts of the runs that carry no probe (the issue
+# constants hold there): informed by probed and unprobed host-bound runs together. Lent H200 hosts
+# probed 120-186 us.
+ISSUE_ANCHOR = FitParameter("overheads.issue_fitted_at_per_layer", 30e-6, 1e-3, 50e-6, "time")
+
+
 def default_parameters(profile: HardwareProfile) -> tuple[FitParameter, ...]:
-    """The time constants above, and GPU power per phase bounded by this profile's idle and cap
-    (the range a profile allows, `models.profile`)."""
+    """The time constants above (the issue anchor where the profile's host was probed), and GPU
+    power per phase bounded by this profile's idle and cap (the range a profile allows, `models.profile`)."""
     idle, cap = profile.power.gpu.idle.value, profile.gpu.power_cap.value
     power = tuple(FitParameter(f"power.gpu.{k}", idle, cap, 50.0, "energy") for k in POWER_PHASES)
-    return TIME_PARAMETERS + power
+    anchor = (ISSUE_ANCHOR,) if profile.overheads.issue_fitted_at_per_layer is not None else ()
+    return TIME_PARAMETERS + anchor + power
 
 
 def getattr_path(profile: HardwareProfile, name: str):
@@ -416,8 +425,8 @@ def prefit_profile(profile: HardwareProfile) -> HardwareProfile:
 
 def anchored_to_its_host(profile: HardwareProfile) -> HardwareProfile:
     """The profile with its issue constants tied to its own host's probe, where they are not tied
-    yet: a fit takes runs without a probe of their own to have run on the profile's host, and scales
-    the others by their probes (`HardwareProfile.host_issue_scale`)."""
+    yet: where a fit starts the probe reading of the runs without a probe of their own
+    (`ISSUE_ANCHOR`); it scales the others by their probes (`HardwareProfile.host_issue_scale`)."""
     here = profile.host.issue_per_layer
     if profile.overheads.issue_fitted_at_per_layer is not None or here is None:
         return profile
