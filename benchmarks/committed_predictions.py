@@ -4,6 +4,9 @@
 
 `--threads` prints the thread test instead: each CPU-offload run measured at one thread a rank and
 at more on the same machine, both predicted before they ran; it passes where both are within 15%.
+`--on-probed-host NAME` predicts sweep NAME's runs again with the profile as committed beside its
+predictions, each run on the host its probe measured (`HardwareProfile.on_host`), with today's model
+code: what the host probe adds to the committed profile.
 
 Each `data/sweeps/NAME.predicted.jsonl` was committed before its runs were made (git log shows
 the order); its keys are matched with the first measured record made after that commit, in
@@ -38,6 +41,16 @@ METRICS = (("step time", "step_time_s", "step_time_s"), ("GPU energy", "gpu_ener
 def shipped_records() -> list:
     """Every ok record of the shipped run files, those kept out of the fit (data/runs/excluded/) too."""
     return [r for path in shipped_run_files() for r in read_records(path) if r.result.status == "ok"]
+
+
+def commit_that_added(path: Path) -> str | None:
+    """The commit that first added the file; None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[-1] if out else None
 
 
 def committed_at(path: Path) -> datetime | None:
@@ -117,8 +130,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     p.add_argument("--threads", action="store_true", help="the thread test: offload runs at 1 thread and more")
+    p.add_argument("--on-probed-host", metavar="NAME", help="sweep NAME's runs predicted again on their probed hosts")
     args = p.parse_args(argv)
     records = shipped_records()
+    if args.on_probed_host:
+        return show_on_probed_host(REPO / "data" / "sweeps" / f"{args.on_probed_host}.predicted.jsonl", records,
+                                   args.json)
     results = [sweep_errors(path, records) for path in sorted((REPO / "data" / "sweeps").glob("*.predicted.jsonl"))]
     if args.threads:
         return show_thread_test(thread_pairs(results), args.json)
@@ -138,6 +155,57 @@ def main(argv=None) -> int:
     if any(not res["measured"] for res in results):
         console.print("A sweep with no run matched predates the run labels of today's records: "
                       "benchmarks/scale_out.py reads its pre-run predictions from the records themselves.")
+    return 0
+
+
+def show_on_probed_host(predicted_path: Path, records: list, as_json: bool) -> int:
+    from models.predict import predict
+    from models.profile import parse_profile
+    from runs.measured import to_measured_run
+
+    if not predicted_path.exists():
+        print(f"no such sweep: {predicted_path.name}", file=sys.stderr)
+        return 2
+    commit = commit_that_added(predicted_path)
+    if commit is None:
+        print(f"{predicted_path.name} is not committed: no profile to predict with", file=sys.stderr)
+        return 2
+    shown = subprocess.run(["git", "show", f"{commit}:data/profiles/h200.json"], cwd=REPO, capture_output=True,
+                           text=True, timeout=30, check=True).stdout
+    profile = parse_profile(json.loads(shown), origin=f"h200 at {commit[:7]}")
+    since = committed_at(predicted_path)
+    after = sorted((r for r in records if since is None or datetime.fromisoformat(r.date) >= since), key=lambda r: r.date)
+    rows = []
+    for line in predicted_path.read_text().splitlines():
+        row = json.loads(line)
+        record = first_run(after, row)
+        if record is None:
+            continue
+        run = to_measured_run(record)
+        again = predict(run.workload, run.strategy, profile.on_host(run.host_issue_per_layer_s))
+        rows.append({"label": row["label"], "measured_s": run.step_time_s,
+                     "probe_us": run.host_issue_per_layer_s * 1e6 if run.host_issue_per_layer_s else None,
+                     "committed_pct": 100.0 * (row["prediction"]["step_time_s"] / run.step_time_s - 1),
+                     "on_probed_host_pct": 100.0 * (again.step_time_s / run.step_time_s - 1),
+                     "energy_committed_pct": 100.0 * (row["prediction"]["gpu_energy_j"] / run.gpu_energy_j - 1),
+                     "energy_on_probed_host_pct": 100.0 * (again.gpu_energy_j / run.gpu_energy_j - 1)})
+    if as_json:
+        print(json.dumps({"sweep": predicted_path.name, "profile_commit": commit, "runs": rows}, indent=1))
+        return 0
+    table = Table(title=f"{predicted_path.name}: committed (profile {commit[:7]}) and on each run's probed host, "
+                        "step time / GPU energy error %")
+    for col in ("run", "measured s", "probe us", "committed", "on probed host"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for r in rows:
+        table.add_row(r["label"], f"{r['measured_s']:.3f}", f"{r['probe_us']:.0f}" if r["probe_us"] else "-",
+                      f"{r['committed_pct']:+.1f} / {r['energy_committed_pct']:+.1f}",
+                      f"{r['on_probed_host_pct']:+.1f} / {r['energy_on_probed_host_pct']:+.1f}")
+    if rows:
+        def mape(key):
+            return sum(abs(r[key]) for r in rows) / len(rows)
+        table.add_row("MAPE", "", "", f"{mape('committed_pct'):.1f} / {mape('energy_committed_pct'):.1f}",
+                      f"{mape('on_probed_host_pct'):.1f} / {mape('energy_on_probed_host_pct'):.1f}")
+    Console(width=max(120, Console().width)).print(table)
     return 0
 
 
