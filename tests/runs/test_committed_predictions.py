@@ -54,3 +54,15 @@ def test_the_thread_test_pairs_one_thread_with_the_most_on_one_machine(bench):
     failed = pairs[("qwen2.5-3b 8192 z3 off-opt ckpt 2gpu", "lent machine A of 2026-12-01")]
     assert failed["threads"] == [1, 4] and not failed["passes"]
     assert all(p["threads"][0] == 1 and p["threads"][1] > 1 for p in pairs.values())
+
+
+def test_a_sweep_is_predicted_again_on_each_runs_probed_host(bench, capsys):
+    """Machine F's slice probed 111-140 us against the committed profile's 157: at its probes, the
+    committed profile predicts each of its eight runs shorter than it did before the runs."""
+    assert bench.main(["--on-probed-host", "h200-x1-host-issue-heldout", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["profile_commit"].startswith("4bcaede") and len(out["runs"]) == 8
+    assert all(r["probe_us"] < 157 and r["on_probed_host_pct"] < r["committed_pct"] for r in out["runs"])
+    assert bench.main(["--on-probed-host", "no-such-sweep"]) == 2
