@@ -103,8 +103,8 @@ POWER_PHASES = ("compute", "memory_bound", "collective", "host_copy", "wait", "o
 
 
 # What the host probe would have read on the hosts of the runs that carry no probe (the issue
-# constants hold there): informed by probed and unprobed host-bound runs together. Lent H200 hosts
-# probed 120-186 us.
+# constants hold there): informed by probed and unprobed host-bound runs together. Lent one-H200
+# slices probed 111-186 us; on 100 runs it fitted to 107 +- 8 us (the unprobed 2x H200 hosts).
 ISSUE_ANCHOR = FitParameter("overheads.issue_fitted_at_per_layer", 30e-6, 1e-3, 50e-6, "time")
 
 

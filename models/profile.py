@@ -328,7 +328,8 @@ class Overheads(_Strict):
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
     # The host probe's issue time on the hosts `layer_pass`, `zero3_module_pass` and `zero12_grad_hook`
-    # describe: on a host whose probe reads otherwise (`HostSpec.issue_per_layer`) they scale with it.
+    # describe (fitted: where the fit's runs without a probe ran): on a host whose probe reads otherwise
+    # (`HostSpec.issue_per_layer`) they scale with it.
     issue_fitted_at_per_layer: Seconds | None = None
 
     @model_validator(mode="before")
