@@ -43,24 +43,20 @@ def shipped_records() -> list:
     return [r for path in shipped_run_files() for r in read_records(path) if r.result.status == "ok"]
 
 
-def commit_that_added(path: Path) -> str | None:
-    """The commit that first added the file; None outside a git checkout."""
+def first_commit(path: Path) -> tuple[str, datetime] | None:
+    """The commit that first added the file, and when; None outside a git checkout."""
     try:
-        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", path.name], cwd=path.parent,
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H %cI", "--", path.name], cwd=path.parent,
                              capture_output=True, text=True, timeout=30).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return None
-    return out[-1] if out else None
+    return (out[-2], datetime.fromisoformat(out[-1])) if out else None
 
 
 def committed_at(path: Path) -> datetime | None:
     """When git first saw the file; None outside a git checkout."""
-    try:
-        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%cI", "--", path.name], cwd=path.parent,
-                             capture_output=True, text=True, timeout=30).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return datetime.fromisoformat(out[-1]) if out else None
+    first = first_commit(path)
+    return first[1] if first else None
 
 
 def first_run(runs_by_date: list, row: dict):
@@ -166,15 +162,15 @@ def show_on_probed_host(predicted_path: Path, records: list, as_json: bool) -> i
     if not predicted_path.exists():
         print(f"no such sweep: {predicted_path.name}", file=sys.stderr)
         return 2
-    commit = commit_that_added(predicted_path)
-    if commit is None:
+    first = first_commit(predicted_path)
+    if first is None:
         print(f"{predicted_path.name} is not committed: no profile to predict with", file=sys.stderr)
         return 2
+    commit, since = first
     shown = subprocess.run(["git", "show", f"{commit}:data/profiles/h200.json"], cwd=REPO, capture_output=True,
                            text=True, timeout=30, check=True).stdout
     profile = parse_profile(json.loads(shown), origin=f"h200 at {commit[:7]}")
-    since = committed_at(predicted_path)
-    after = sorted((r for r in records if since is None or datetime.fromisoformat(r.date) >= since), key=lambda r: r.date)
+    after = sorted((r for r in records if datetime.fromisoformat(r.date) >= since), key=lambda r: r.date)
     rows = []
     for line in predicted_path.read_text().splitlines():
         row = json.loads(line)
