@@ -42,6 +42,11 @@ class HostCheck:
         return self.measured_speed / self.profile_speed
 
     @property
+    def distance(self) -> float:
+        """How far off, faster or slower alike: |log ratio|."""
+        return abs(math.log(self.ratio))
+
+    @property
     def differs(self) -> bool:
         return abs(self.ratio - 1.0) > HOST_TOLERANCE
 
@@ -85,7 +90,7 @@ def check_host(host_probe: dict | None, strategy, profile) -> HostCheck | None:
         return None
     checks = [c for c in (_cpu_optimizer_check(host_probe, strategy, profile), _issue_check(host_probe, profile))
               if c is not None]
-    return max(checks, key=lambda c: abs(math.log(c.ratio)), default=None)
+    return max(checks, key=lambda c: c.distance, default=None)
 
 
 def worst_host_note(records, profile) -> str:
@@ -96,7 +101,7 @@ def worst_host_note(records, profile) -> str:
     checks = [check_host(r.result.host_probe, Strategy(**r.candidate.strategy), profile)
               for r in records if r is not None and r.candidate.strategy is not None]
     off = [c for c in checks if c is not None and c.differs]
-    return max(off, key=lambda c: abs(math.log(c.ratio))).note if off else ""
+    return max(off, key=lambda c: c.distance).note if off else ""
 
 
 def host_bound_notes(prediction) -> list[str]:

@@ -59,6 +59,12 @@ def committed_at(path: Path) -> datetime | None:
     return first[1] if first else None
 
 
+def made_after(records: list, since: datetime | None) -> list:
+    """The records made after the predictions were committed (all of them outside git), by date."""
+    return sorted((r for r in records if since is None or datetime.fromisoformat(r.date) >= since),
+                  key=lambda r: r.date)
+
+
 def first_run(runs_by_date: list, row: dict):
     """The first run of this key (or label: sweeps predicted before a run key changed, 2026-11-30):
     a run measured again later does not replace the one that was predicted."""
@@ -97,9 +103,7 @@ def thread_pairs(results: list[dict], bound_pct: float = THREAD_TEST_BOUND_PCT) 
 
 def sweep_errors(predicted_path: Path, records: list) -> dict:
     rows = [json.loads(line) for line in predicted_path.read_text().splitlines() if line.strip()]
-    since = committed_at(predicted_path)
-    after = sorted((r for r in records if since is None or datetime.fromisoformat(r.date) >= since),
-                   key=lambda r: r.date)  # made after the predictions were committed
+    after = made_after(records, committed_at(predicted_path))
     runs = []
     for row in rows:
         record = first_run(after, row)
@@ -170,7 +174,7 @@ def show_on_probed_host(predicted_path: Path, records: list, as_json: bool) -> i
     shown = subprocess.run(["git", "show", f"{commit}:data/profiles/h200.json"], cwd=REPO, capture_output=True,
                            text=True, timeout=30, check=True).stdout
     profile = parse_profile(json.loads(shown), origin=f"h200 at {commit[:7]}")
-    after = sorted((r for r in records if datetime.fromisoformat(r.date) >= since), key=lambda r: r.date)
+    after = made_after(records, since)
     rows = []
     for line in predicted_path.read_text().splitlines():
         row = json.loads(line)
