@@ -8,7 +8,7 @@
 # Steps: threads (calibrate CPUAdam at 1..all threads), refresh (the parameter refresh after a CPU
 # step at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
 # traced for memory when its name has "memory", and profiled one after another, ADVISOR_STEP_PROFILE,
-# when it has "structure"), loop:NAME (recommend --validate with the arguments in
+# when it has "structure"; VALIDATE_ARGS are passed on, e.g. "--steps 8 --min-window-s 4"), loop:NAME (recommend --validate with the arguments in
 # data/sweeps/NAME.args, one per line).
 # A machine that went back between calls loses /tmp/state: carry the last call's archive as
 # .device_state/state.tgz and the runs it holds are not made again.
@@ -39,7 +39,7 @@ for step in "$@"; do
       case $name in *structure*) profile=1; order=--serial ;; esac
       ADVISOR_MEMORY_TRACE=$trace ADVISOR_STEP_PROFILE=$profile python3 -m advisor.cli validate --sweep "$sweep" \
         --profile h200 --store "$STATE/runs.db" --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/$name" \
-        --budget "$(left)" --timeout 300 $order 2>&1 | tail -n 30 ;;
+        --budget "$(left)" --timeout 300 $order ${VALIDATE_ARGS:-} 2>&1 | tail -n 30 ;;
     loop:*)
       name=${step#loop:}
       mapfile -t args < "data/sweeps/$name.args"
