@@ -62,6 +62,9 @@ def _default_store() -> Path:
 @click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="Measured steps, at least.")
 @click.option("--min-window-s", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Run more steps until the measured window is this long (energy counters tick every ~0.1 s).")
+@click.option("--precision", type=click.FloatRange(min=0, max=1), default=0.02, show_default=True,
+              help="Then run more steps (up to 50, or 30 s) until the mean step time's relative standard error "
+                   "is this small; 0: stop at --steps and --min-window-s.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds per run before it is stopped and recorded as a timeout.")
 @click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=None,
@@ -75,7 +78,7 @@ def _default_store() -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, freeze_vision, loss_dtype, threads,
              sweep_path, profile,
-             store_path, jsonl_path, workdir, warmup, steps, min_window_s, timeout_s, budget_s, parallel, retry,
+             store_path, jsonl_path, workdir, warmup, steps, min_window_s, precision, timeout_s, budget_s, parallel, retry,
              prebuild, as_json):
     """Run candidates for real, predict each first, store both, show predicted / measured (% error)."""
     started = time.monotonic()
@@ -90,6 +93,7 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         run_validation,
     )
     from calibration.harness.runner import RunSettings
+    from calibration.harness.window import WindowSettings
 
     if bool(sweep_path) == bool(ds_config_path):
         raise click.UsageError("give either --ds-config (with --model and --seq) or --sweep")
@@ -112,7 +116,8 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
     slots = local_slots(parallel)
     prebuild_local(slots, prebuild)
 
-    settings = RunSettings(warmup=warmup, steps=steps, min_window_s=min_window_s, timeout_s=timeout_s)
+    window = WindowSettings(warmup=warmup, steps=steps, min_window_s=min_window_s, precision=precision)
+    settings = RunSettings(window=window, timeout_s=timeout_s)
     with RunStore(store_path or _default_store()) as store:
         left = budget_s - (time.monotonic() - started) if budget_s else None
         records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=left,

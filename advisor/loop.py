@@ -23,6 +23,7 @@ import numpy as np
 
 from advisor.alternatives import alternatives
 from advisor.search import SearchResult
+from calibration.harness.window import WindowSettings
 from models.band import Band
 from runs.record import RunRecord
 
@@ -191,9 +192,7 @@ class LoopSettings:
     script: str | None  # the user's training script (advisor.monitor.StepMeter inside); None: built-in model
     refit: bool  # refit the profile on every stored run, written beside the old one
     plan_only: bool  # print the candidates and their predictions; run nothing
-    warmup: int = 2
-    steps: int = 3
-    min_window_s: float = 1.0
+    window: WindowSettings = WindowSettings()
     timeout_s: float = 600.0
 
 
@@ -217,8 +216,7 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
     jsonl = Path(settings.jsonl) if settings.jsonl else workdir / "runs.jsonl"
     slots = local_slots(parallel=True)
     prebuild_local(slots)
-    run_settings = RunSettings(warmup=settings.warmup, steps=settings.steps, min_window_s=settings.min_window_s,
-                               timeout_s=settings.timeout_s)
+    run_settings = RunSettings(window=settings.window, timeout_s=settings.timeout_s)
     with RunStore(settings.store or default_store_path()) as store:
         run_validation(candidates, store, jsonl, workdir, run_settings, slots, profile_name,
                        deadline_s=settings.budget_s, on_record=on_record)

@@ -21,30 +21,29 @@ from __future__ import annotations
 import os
 import sys
 
-from calibration.harness.window import RESULT_ENV, WINDOW_ENV
+from calibration.harness.window import RESULT_ENV, WindowSettings
 
 
 class StepMeter:
     """Call `step()` after every optimizer step; it returns True once the window is measured."""
 
-    def __init__(self, result_path: str | None, warmup: int = 2, steps: int = 3, min_window_s: float = 1.0,
-                 max_steps: int = 50, exit_when_done: bool = True):
+    def __init__(self, result_path: str | None, window: WindowSettings = WindowSettings(),
+                 exit_when_done: bool = True):
         self.result_path = result_path
         self.exit_when_done = exit_when_done
         self._window = None
         if result_path:
-            self._start(warmup, steps, min_window_s, max_steps)
+            self._start(window)
 
     @classmethod
     def from_env(cls, exit_when_done: bool = True) -> "StepMeter":
-        settings = {name: type(default)(os.environ.get(var, default)) for name, var, default in WINDOW_ENV}
-        return cls(os.environ.get(RESULT_ENV), exit_when_done=exit_when_done, **settings)
+        return cls(os.environ.get(RESULT_ENV), WindowSettings.from_env(), exit_when_done=exit_when_done)
 
     @property
     def active(self) -> bool:
         return self._window is not None
 
-    def _start(self, warmup, steps, min_window_s, max_steps) -> None:
+    def _start(self, window: WindowSettings) -> None:
         import torch
 
         from calibration.harness.measure import HostMemoryPeak, energy_monitor, process_tree_cpu_s
@@ -60,8 +59,7 @@ class StepMeter:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         monitor = energy_monitor([device.index] if cuda else [], sync)
-        self._window = MeasuredWindow(warmup, steps, min_window_s, max_steps, monitor, sync, torch_agree(device),
-                                      process_tree_cpu_s)
+        self._window = MeasuredWindow(window, monitor, sync, torch_agree(device), process_tree_cpu_s)
 
     def step(self) -> bool:
         """After each optimizer step. True once measured (and, under the advisor, the process ends)."""

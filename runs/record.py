@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import statistics
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +21,13 @@ from pathlib import Path
 STATUSES = ("ok", "oom", "crash", "timeout")
 # Records written before candidates carried a loss dtype (2026-11-29) ran the harness's loss on bf16 logits.
 LEGACY_LOSS_DTYPE = "bf16"
+
+
+def relative_sem(step_times_s: list[float]) -> float:
+    """The relative standard error of the mean of these step times; 0 below two steps (nothing to tell)."""
+    if len(step_times_s) < 2:
+        return 0.0
+    return statistics.stdev(step_times_s) / statistics.fmean(step_times_s) / math.sqrt(len(step_times_s))
 
 
 @dataclass(frozen=True)

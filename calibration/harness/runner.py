@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
-from calibration.harness.window import RESULT_ENV, WINDOW_ENV
+from calibration.harness.window import RESULT_ENV, WindowSettings
 from runs.jsonl import append_record, read_records
 from runs.record import Candidate, RunRecord, RunResult
 
@@ -39,10 +39,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class RunSettings:
-    warmup: int = 2
-    steps: int = 3
-    min_window_s: float = 1.0  # NVML's energy counter updates about every 100 ms
-    max_steps: int = 50
+    window: WindowSettings = WindowSettings()
     timeout_s: float = 600.0
     python: str = sys.executable
     env: dict = field(default_factory=dict)  # added to this process's environment
@@ -69,7 +66,7 @@ def script_command(c: Candidate, config_path: Path, s: RunSettings) -> list[str]
 
 def script_env(out_path: Path, s: RunSettings) -> dict:
     """What advisor.monitor.StepMeter reads: where to write, and the window to measure."""
-    return {RESULT_ENV: str(out_path), **{var: str(getattr(s, name)) for name, var, _ in WINDOW_ENV}}
+    return {RESULT_ENV: str(out_path), **s.window.env()}
 
 
 def harness_command(c: Candidate, config_path: Path, out_path: Path, s: RunSettings) -> list[str]:
@@ -78,8 +75,7 @@ def harness_command(c: Candidate, config_path: Path, out_path: Path, s: RunSetti
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(c.gpus)] if c.gpus > 1 else []
     cmd = [s.python, *launcher,
            "-m", "calibration.harness.train", "--model", model, "--seq", str(c.seq_len),
-           "--ds-config", str(config_path), "--warmup", str(s.warmup), "--steps", str(s.steps),
-           "--min-window-s", str(s.min_window_s), "--max-steps", str(s.max_steps), "--out", str(out_path)]
+           "--ds-config", str(config_path), *s.window.harness_args(), "--out", str(out_path)]
     if c.images:
         cmd += ["--images", str(c.images)]
     if c.frames:

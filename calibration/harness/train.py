@@ -36,6 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-window-s", type=float, default=1.0,
                    help="run more steps until the window is this long (NVML's counter ticks every ~100 ms)")
     p.add_argument("--max-steps", type=int, default=50, help="cap on measured steps for fast configs")
+    p.add_argument("--precision", type=float, default=0.02,
+                   help="run more steps until the mean step time's relative standard error is this small")
+    p.add_argument("--max-window-s", type=float, default=30.0, help="no more steps for precision after this long")
     p.add_argument("--out", required=True, help="result JSON path (written by rank 0)")
     vision = p.add_mutually_exclusive_group()
     vision.add_argument("--images", type=int, default=0, help="images per sample")
@@ -104,7 +107,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     from calibration.harness import host_probe, memory_trace, step_profile
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
-    from calibration.harness.window import MeasuredWindow, torch_agree
+    from calibration.harness.window import MeasuredWindow, WindowSettings, torch_agree
     from calibration.harness.model import Checkpointing, Transformer
     from models.architecture import load_architecture
     from models.ds_config import parse_ds_config
@@ -200,8 +203,9 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         trace_baseline = memory_trace.start()
         adjustments.append("GPU allocations recorded (ADVISOR_MEMORY_TRACE): steps carry the recording's cost")
     monitor = energy_monitor([local_rank] if cuda else [], sync)
-    window = MeasuredWindow(args.warmup, args.steps, args.min_window_s, args.max_steps, monitor, sync,
-                            torch_agree(device), process_tree_cpu_s)
+    settings = WindowSettings(warmup=args.warmup, steps=args.steps, min_window_s=args.min_window_s,
+                              max_steps=args.max_steps, precision=args.precision, max_window_s=args.max_window_s)
+    window = MeasuredWindow(settings, monitor, sync, torch_agree(device), process_tree_cpu_s)
     losses = []
     while True:
         losses.append(step())

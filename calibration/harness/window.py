@@ -1,6 +1,12 @@
 """The measured window of a training run, shared by the built-in harness and a user's own script
 (`advisor.monitor.StepMeter`): warm-up steps, then at least `steps` optimizer steps and at least
-`min_window_s` seconds (NVML's energy counter ticks every ~100 ms), at most `max_steps`.
+`min_window_s` seconds (NVML's energy counter ticks every ~100 ms), then more steps until the mean
+step time is known to `precision` (its relative standard error), at most `max_steps` steps or
+`max_window_s` seconds.
+
+Why a precision: a host-bound step on a shared host varies by 10-20% from step to step (one lent
+H200 slice, 2026-12-01: 0.12-0.21 s within one 4 s window), so three steps can miss the mean by
+more than the model's error, and a measured pick between two close candidates would be a coin toss.
 
 Every rank calls `step_done()` after each optimizer step. The ranks agree on when the window ends
 (one all-reduce per decision, only at the step count where it may end), since every step holds
@@ -10,15 +16,43 @@ rank's measurements, and `result_fields()` combines every rank's into `runs.reco
 from __future__ import annotations
 
 import math
+import os
 import time
+from dataclasses import dataclass, fields
 from typing import Callable
 
+from runs.record import relative_sem
+
 GIB = 2**30
-# How a run tells a user script's `advisor.monitor.StepMeter` where to write its result and what
-# window to measure: environment variables, (setting, variable, default).
+# Where a run tells a user script's `advisor.monitor.StepMeter` to write its result.
 RESULT_ENV = "ADVISOR_RESULT"
-WINDOW_ENV = (("warmup", "ADVISOR_WARMUP", 2), ("steps", "ADVISOR_STEPS", 3),
-              ("min_window_s", "ADVISOR_MIN_WINDOW_S", 1.0), ("max_steps", "ADVISOR_MAX_STEPS", 50))
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """What one run measures; `precision` 0 stops at `steps` and `min_window_s`."""
+
+    warmup: int = 2  # steps run before the window
+    steps: int = 3  # measured steps, at least
+    min_window_s: float = 1.0  # NVML's energy counter updates about every 100 ms
+    max_steps: int = 50
+    precision: float = 0.02  # the mean step time's relative standard error to reach
+    max_window_s: float = 30.0  # no more steps for precision after this long
+
+    def env(self) -> dict[str, str]:
+        """How a run tells a user script's StepMeter the window: ADVISOR_WARMUP, ADVISOR_STEPS, ..."""
+        return {f"ADVISOR_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_env(cls, environ=None) -> "WindowSettings":
+        environ = os.environ if environ is None else environ
+        default = cls()
+        return cls(**{f.name: type(getattr(default, f.name))(environ.get(f"ADVISOR_{f.name.upper()}", getattr(default, f.name)))
+                      for f in fields(cls)})
+
+    def harness_args(self) -> list[str]:
+        """The same settings as `calibration.harness.train` options: --warmup 2 --steps 3 ..."""
+        return [arg for f in fields(self) for arg in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))]
 
 
 class MeasuredWindow:
@@ -27,16 +61,17 @@ class MeasuredWindow:
     `agree(value, "max" | "min")` reduces a number over the ranks (identity on one rank); `sync`
     waits for the GPU; `monitor` is a `calibration.meters.EnergyMonitor` (or stands in for one)."""
 
-    def __init__(self, warmup: int, steps: int, min_window_s: float, max_steps: int, monitor,
-                 sync: Callable[[], None], agree: Callable[[float, str], float], cpu_seconds: Callable[[], float]):
-        self.warmup, self.steps, self.min_window_s, self.max_steps = warmup, steps, min_window_s, max_steps
+    def __init__(self, settings: WindowSettings, monitor, sync: Callable[[], None],
+                 agree: Callable[[float, str], float], cpu_seconds: Callable[[], float]):
+        self.settings = settings
+        self.warmup = settings.warmup
         self.monitor, self.sync, self.agree, self.cpu_seconds = monitor, sync, agree, cpu_seconds
         self.warmup_done = 0
         self.step_times_s: list[float] = []
-        self.target = steps
+        self.target = settings.steps
         self.measurement = None
         self.window_s = self.cpu_s = None
-        if warmup == 0:
+        if settings.warmup == 0:
             self._begin(None)
         self._last = time.perf_counter()
 
@@ -57,18 +92,27 @@ class MeasuredWindow:
         self.step_times_s.append(took)
         if len(self.step_times_s) < self.target:
             return False
+        s, n = self.settings, len(self.step_times_s)
         elapsed = self.agree(now - self._start, "min")
-        if elapsed >= self.min_window_s or self.target >= self.max_steps:
+        pace = elapsed / n
+        if n < s.max_steps and elapsed < s.min_window_s:  # the warm-up step was slower than these: top up
+            self.target = min(s.max_steps, n + math.ceil((s.min_window_s - elapsed) / pace))
+            return False
+        spread = self.agree(relative_sem(self.step_times_s), "max") if s.precision > 0 else 0.0
+        if n >= s.max_steps or spread <= s.precision or elapsed >= s.max_window_s:
             self._end(now)
             return True
-        pace = elapsed / len(self.step_times_s)  # the warm-up step was slower than these: top up
-        self.target = min(self.max_steps, len(self.step_times_s) + math.ceil((self.min_window_s - elapsed) / pace))
+        # The standard error falls as 1/sqrt(steps): enough steps for the precision, within the caps.
+        wanted = math.ceil(n * (spread / s.precision) ** 2)
+        affordable = n + max(1, math.floor((s.max_window_s - elapsed) / pace))
+        self.target = max(n + 1, min(s.max_steps, wanted, affordable))
         return False
 
     def _begin(self, last_warmup_s: float | None) -> None:
         if last_warmup_s:
             slowest = self.agree(last_warmup_s, "max")
-            self.target = max(self.steps, min(self.max_steps, math.ceil(self.min_window_s / slowest)))
+            s = self.settings
+            self.target = max(s.steps, min(s.max_steps, math.ceil(s.min_window_s / slowest)))
         self._cpu_before = self.cpu_seconds()
         self.monitor.begin_window("measured")
         self._start = time.perf_counter()

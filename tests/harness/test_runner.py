@@ -10,8 +10,9 @@ from harness_helpers import TINY, ds_config
 
 from runs.record import Candidate, RunResult
 from calibration.harness.runner import RunSettings, _collect, run_candidate
+from calibration.harness.window import WindowSettings
 
-QUICK = RunSettings(warmup=1, steps=2, min_window_s=0.0, timeout_s=180)
+QUICK = RunSettings(WindowSettings(warmup=1, steps=2, min_window_s=0.0, precision=0.0), timeout_s=180)
 
 
 def check_measured(result: RunResult, steps: int, world: int):
@@ -50,7 +51,7 @@ def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model, monkeypatch):
 def test_offload_with_accumulation_runs_and_learns(tmp_path, tiny_model):
     cfg = ds_config(1, grad_accum=2, offload_optimizer={"device": "cpu"})
     result = run_candidate(Candidate(model=tiny_model, seq_len=64, ds_config=cfg), tmp_path,
-                           RunSettings(warmup=1, steps=3, min_window_s=0.0))
+                           RunSettings(WindowSettings(warmup=1, steps=3, min_window_s=0.0, precision=0.0)))
     check_measured(result, steps=3, world=1)
     assert result.loss_last < result.loss_first  # same batch every step: AdamW must fit it
     assert result.tokens_per_s == pytest.approx(2 * 64 / result.step_time_s)
@@ -71,7 +72,7 @@ def test_ulysses_on_two_ranks_with_zero3_checkpointing_and_video(tmp_path, tiny_
 @pytest.mark.slow
 def test_short_steps_are_repeated_until_the_window_is_long_enough(tmp_path, tiny_model):
     result = run_candidate(Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(2)), tmp_path,
-                           RunSettings(warmup=1, steps=1, min_window_s=0.5, max_steps=500))
+                           RunSettings(WindowSettings(warmup=1, steps=1, min_window_s=0.5, max_steps=500, precision=0.0)))
     check_measured(result, steps=result.measured_steps, world=1)
     assert result.window_s >= 0.5
     assert result.measured_steps > 1 or result.step_times_s[0] >= 0.5  # one step suffices only if that long

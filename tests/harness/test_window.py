@@ -1,0 +1,68 @@
+"""The measured window's stopping rule, on a fake clock: no torch, no GPU."""
+from __future__ import annotations
+
+import pytest
+
+from calibration.harness import window as window_module
+from calibration.harness.window import MeasuredWindow, WindowSettings
+from runs.record import relative_sem
+
+
+class FakeMonitor:
+    def begin_window(self, name):
+        pass
+
+    def end_window(self, name):
+        return object()
+
+
+def measure(step_times_s, settings: WindowSettings, monkeypatch) -> MeasuredWindow:
+    """Run steps of these durations (cycled) until the window says it is done."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(window_module.time, "perf_counter", lambda: clock["now"])
+    w = MeasuredWindow(settings, FakeMonitor(), sync=lambda: None, agree=lambda value, op: value,
+                       cpu_seconds=lambda: 0.0)
+    for i in range(10_000):
+        clock["now"] += step_times_s[i % len(step_times_s)]
+        if w.step_done():
+            return w
+    raise AssertionError("the window never ended")
+
+
+def test_steady_steps_stop_at_the_minimum(monkeypatch):
+    w = measure([0.5], WindowSettings(warmup=1, steps=3, min_window_s=1.0), monkeypatch)
+    assert len(w.step_times_s) == 3
+
+
+def test_noisy_steps_run_until_the_mean_is_known_to_the_precision(monkeypatch):
+    noisy = [0.10, 0.14, 0.12, 0.20, 0.11, 0.17]  # a shared host's host-bound steps
+    w = measure(noisy, WindowSettings(warmup=1, steps=3, min_window_s=0.3, precision=0.03, max_steps=200,
+                                      max_window_s=1000), monkeypatch)
+    assert relative_sem(w.step_times_s) <= 0.03
+    assert len(w.step_times_s) > 6  # three steps were not enough
+    loose = measure(noisy, WindowSettings(warmup=1, steps=3, min_window_s=0.3, precision=0.0), monkeypatch)
+    assert len(loose.step_times_s) == 3  # precision 0: the old rule
+
+
+def test_precision_stops_at_the_caps(monkeypatch):
+    noisy = [0.1, 0.3]
+    capped = measure(noisy, WindowSettings(warmup=0, steps=2, min_window_s=0.0, precision=1e-6, max_steps=9,
+                                           max_window_s=1000), monkeypatch)
+    assert len(capped.step_times_s) == 9
+    timed = measure(noisy, WindowSettings(warmup=0, steps=2, min_window_s=0.0, precision=1e-6, max_steps=1000,
+                                          max_window_s=2.0), monkeypatch)
+    assert 2.0 <= timed.window_s <= 2.0 + 0.3
+
+
+def test_settings_travel_through_the_environment_and_the_harness_options():
+    s = WindowSettings(warmup=1, steps=4, min_window_s=2.5, max_steps=7, precision=0.05, max_window_s=9.0)
+    assert WindowSettings.from_env(s.env()) == s
+    assert WindowSettings.from_env({}) == WindowSettings()
+    args = s.harness_args()
+    assert args[args.index("--precision") + 1] == "0.05" and args[args.index("--max-window-s") + 1] == "9.0"
+
+
+def test_relative_sem():
+    assert relative_sem([1.0]) == 0.0
+    assert relative_sem([1.0, 1.0, 1.0]) == 0.0
+    assert relative_sem([0.9, 1.1]) == pytest.approx(0.1414 / 1.0 / 2**0.5, rel=1e-3)
