@@ -122,3 +122,28 @@ def _round(v: float, digits: int = 6) -> float:
 def gemm_flops(m: int, n: int, k: int) -> float:
     """2*M*N*K: one multiply and one add per term."""
     return 2.0 * m * n * k
+
+
+@dataclass(frozen=True)
+class LayerElementwiseFit:
+    """Effective bytes per token for each element of the hidden size, the KV width and the FFN width."""
+
+    per_hidden: float
+    per_kv: float
+    per_ffn: float
+    worst_error: float  # the largest relative miss over the measured layers
+
+    def predict_s(self, tokens, hidden, kv_dim, ffn, bandwidth: float) -> float:
+        return tokens * (self.per_hidden * hidden + self.per_kv * kv_dim + self.per_ffn * ffn) / bandwidth
+
+
+def fit_layer_elementwise(rows: list[dict], bandwidth: float) -> LayerElementwiseFit:
+    """Non-negative least squares of the layers' measured elementwise seconds (`other_s`) against
+    tokens x (hidden, kv_dim, ffn) / bandwidth, each row weighted by its own time (relative errors)."""
+    if len(rows) < 3:
+        raise ValueError(f"need at least 3 measured layers to fit three widths, got {len(rows)}")
+    a = np.array([[r["tokens"] * r[k] / bandwidth for k in ("hidden", "kv_dim", "ffn")] for r in rows], dtype=float)
+    t = np.array([r["other_s"] for r in rows], dtype=float)
+    coef = lsq_linear(a / t[:, None], np.ones(len(rows)), bounds=(0.0, np.inf)).x
+    worst = float(np.max(np.abs(a @ coef / t - 1.0)))
+    return LayerElementwiseFit(*(float(c) for c in coef), worst_error=worst)

@@ -9,7 +9,8 @@ headline values. The CPU optimizer on all cores: `host.cpu_adam` and `host.cores
 `host.cpu_adam_threads`; the parameter refresh
 against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; the host's issue
 time: `host.issue_per_layer` (the issue constants then scale with it); attention at
-head dims besides 128: `gpu.attention_{fwd,bwd}_head_dim_ratio`. Sources name RAW.
+head dims besides 128: `gpu.attention_{fwd,bwd}_head_dim_ratio`; a decoder layer's elementwise
+kernels: `gpu.layer_elementwise` (at the profile's HBM bandwidth). Sources name RAW.
 """
 from __future__ import annotations
 
@@ -54,6 +55,12 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
         if host.get(key):
             data["host"][key] = relabel(host[key], f"{raw_path.name}, on {header.get('device')}: ")
             merged.append(what)
+    if builder.family("layer_elementwise"):
+        layers = builder.layer_elementwise(base.gpu.hbm_bandwidth.value)
+        if layers is None:
+            raise ValueError(f"{raw_path}: fewer than 3 decoder layers measured (calibration family layer_elementwise)")
+        data["gpu"]["layer_elementwise"] = relabel(layers, f"on {header.get('device')}: ")
+        merged.append("the decoder layer's elementwise kernels")
     ratios = builder.head_dim_ratios("measured")
     for key, curve in ratios.items():
         data["gpu"][key] = relabel(curve, f"{raw_path.name}, on {header.get('device')}: ")
@@ -61,7 +68,8 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
         merged.append("attention's rate against head dim")
     if not merged:
         raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, CPUAdam or the "
-                         "parameter refresh against threads, the host's issue time, attention at two head dims)")
+                         "parameter refresh against threads, the host's issue time, attention at two head dims, "
+                         "decoder layers' elementwise kernels)")
     data["provenance"]["notes"] += (f" {'; '.join(merged).capitalize()} replaced by those measured in {raw_path.name} "
                                     f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "
                                     f"{header.get('device')}).")
@@ -72,7 +80,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads, "
-                               "param_refresh, host_issue, attention) run")
+                               "param_refresh, host_issue, attention, layer_elementwise) run")
     p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
     p.add_argument("--out", help="where to write (default: over --into when it is a path)")
     args = p.parse_args(argv)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from statistics import median
 
 from calibration.cpu_power import estimate_cpu_power
-from calibration.fitting import COLLECTIVE_OPS, bus_factor, build_curve, fit_alpha_beta
+from calibration.fitting import COLLECTIVE_OPS, bus_factor, build_curve, fit_alpha_beta, fit_layer_elementwise
 from models.flops import ATTENTION_BWD_PER_FWD, causal_attention_flops
 from calibration.rawlog import RawResult
 from models.profile import SCHEMA_VERSION, HardwareProfile, parse_profile
@@ -140,6 +140,22 @@ class ProfileBuilder:
                           f"over head dim {ref_d}, median over sequences {seqs}; raw in {self.raw_file}"}
         return out
 
+    def layer_elementwise(self, bandwidth: float | None) -> dict | None:
+        """`gpu.layer_elementwise`: the decoder layers' elementwise seconds fitted as effective bytes
+        at `bandwidth`; the reference profile's where not measured here, else None (counted bytes)."""
+        rows = self.family("layer_elementwise")
+        if len(rows) < 3 or not bandwidth:
+            return self.from_ref("gpu.layer_elementwise", "not measured in this calibration")
+        fit = fit_layer_elementwise(rows, bandwidth)
+        where = "measured on the CPU path" if self.cpu else "measured"
+        source = (f"{where}: torch.profiler time of the kernels that are neither GEMMs nor attention in one harness "
+                  f"decoder block's forward and backward, {len(rows)} layers ({', '.join(sorted({r['preset'] for r in rows}))}"
+                  f" at {', '.join(str(t) for t in sorted({r['tokens'] for r in rows}))} tokens), fitted as bytes per token over "
+                  f"{bandwidth / 1e12:.2f} TB/s (worst layer {fit.worst_error:.0%} off); raw in {self.raw_file}")
+        return {name: _q(getattr(fit, name), "bytes", f"{source}; per element of {width}")
+                for name, width in (("per_hidden", "the hidden size"), ("per_kv", "the KV width"),
+                                    ("per_ffn", "the FFN width"))}
+
     # -- sections --------------------------------------------------------------------------
     def gpu(self) -> dict:
         env, tag = self.env, self.cpu_tag
@@ -170,6 +186,8 @@ class ProfileBuilder:
         hbm_src = (f"{tag}: multi-threaded host memory copy, bytes read + written" if self.cpu else
                    f"measured: device-to-device copy of {_span([r['bytes'] for r in hbm])}, "
                    "bytes read + written, best size")
+        hbm_q = _q(max(r["bytes_per_s"] for r in hbm), "bytes/s", hbm_src) if hbm else None
+        bandwidth = hbm_q["value"] if hbm_q else (self.ref.gpu.hbm_bandwidth.value if self.ref else None)
         return {
             "name": env["gpu"] or f"{env['host_cpu']} (CPU profile)",
             "memory_gib": memory,
@@ -177,8 +195,9 @@ class ProfileBuilder:
             "attention_fwd_bf16": self._curve(att, "seq_len", "fwd_flop_per_s", "tokens", "flop/s", att_src("forward")),
             "attention_bwd_bf16": self._curve(att, "seq_len", "bwd_flop_per_s", "tokens", "flop/s", att_src("backward")),
             **self.head_dim_ratios(where),
-            "hbm_bandwidth": _q(max(r["bytes_per_s"] for r in hbm), "bytes/s", hbm_src) if hbm else None,
+            "hbm_bandwidth": hbm_q,
             "power_cap": cap,
+            **({"layer_elementwise": layers} if (layers := self.layer_elementwise(bandwidth)) else {}),
         }
 
     def host(self) -> dict:

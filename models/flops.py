@@ -30,10 +30,14 @@ Counting conventions (they define what the profile's rates mean):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.workload import Workload
+
+if TYPE_CHECKING:
+    from models.profile import LayerElementwise
 
 BF16 = 2  # bytes per element
 
@@ -138,11 +142,19 @@ def _llm_gemms(w: Workload, t: np.ndarray, n_ckpt: np.ndarray) -> list[GemmClass
     return out
 
 
-def _llm_elementwise_bytes_per_token(w: Workload) -> tuple[float, float]:
+def counted_layer_bytes_per_token(a) -> float:
+    """A decoder layer's elementwise forward bytes per token as counted from its ops (bf16, fused)."""
+    h, kv, f = a.hidden_size, a.kv_dim, a.intermediate_size
+    return float(BF16 * (2 * 2 * h + 2 * (h + kv) + 3 * f + 2 * 3 * h))
+
+
+def _llm_elementwise_bytes_per_token(w: Workload, measured: "LayerElementwise | None" = None) -> tuple[float, float]:
     """(per decoder layer, outside the layers) forward bytes per token.
 
-    Per layer: two RMSNorms (read h, write h), RoPE on q and k (read and write h + kv),
-    SwiGLU (read gate and up, write f), two residual adds (read 2h, write h).
+    Per layer, where the profile measured its layer's kernels (`measured`): a third of their
+    effective bytes (backward is counted as twice forward). Otherwise the bytes counted from the ops:
+    two RMSNorms (read h, write h), RoPE on q and k (read and write h + kv), SwiGLU (read gate and
+    up, write f), two residual adds (read 2h, write h); unfused fp32 kernels take several times that.
     Outside: embedding lookup and final norm (4h each) and the loss on the logits
     (`loss_bytes_per_vocab`).
     Backward moves about twice the forward's bytes (saved input + incoming gradient in,
@@ -150,7 +162,7 @@ def _llm_elementwise_bytes_per_token(w: Workload) -> tuple[float, float]:
     """
     a = w.arch
     h, kv, f, v = a.hidden_size, a.kv_dim, a.intermediate_size, a.vocab_size
-    layer = BF16 * (2 * 2 * h + 2 * (h + kv) + 3 * f + 2 * 3 * h)
+    layer = measured.bytes_per_token(h, kv, f) / 3.0 if measured is not None else counted_layer_bytes_per_token(a)
     outside_fwd = BF16 * 2 * 2 * h + loss_bytes_per_vocab(w)[0] * v
     return float(layer), float(outside_fwd)
 
@@ -169,8 +181,10 @@ def loss_bytes_per_vocab(w: Workload) -> tuple[float, float]:
 
 
 
-def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every) -> MicroStepWork:
-    """FLOPs and bytes of one micro-step on one GPU; arguments may be arrays (one per strategy)."""
+def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every,
+                    layer_elementwise: "LayerElementwise | None" = None) -> MicroStepWork:
+    """FLOPs and bytes of one micro-step on one GPU; arguments may be arrays (one per strategy).
+    `layer_elementwise`: the profile's measured decoder-layer elementwise bytes, else the counted ones."""
     a = w.arch
     mb = np.asarray(micro_batch, dtype=float)
     sp_ = np.asarray(sp, dtype=float)
@@ -184,7 +198,7 @@ def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every) -> MicroStep
     attn_fwd = mb * a.num_layers * causal_attention_flops(1, a.num_heads, w.seq_len, a.head_dim) / sp_
     attn_rec = mb * n_ckpt * causal_attention_flops(1, a.num_heads, w.seq_len, a.head_dim) / sp_
 
-    layer_b, outside_b = _llm_elementwise_bytes_per_token(w)
+    layer_b, outside_b = _llm_elementwise_bytes_per_token(w, layer_elementwise)
     elem_fwd = t * (a.num_layers * layer_b + outside_b)
     v_ = a.vocab_size
     loss_fwd, loss_bwd = loss_bytes_per_vocab(w)

@@ -52,6 +52,7 @@ FlopsPerSecond = Annotated[Quantity, _unit("flop/s")]
 ParamsPerSecond = Annotated[Quantity, _unit("params/s")]
 Fraction = Annotated[Quantity, _unit("fraction")]
 GiB = Annotated[Quantity, _unit("GiB")]
+Bytes = Annotated[Quantity, _unit("bytes")]
 Count = Annotated[Quantity, _unit("count")]
 
 
@@ -114,6 +115,19 @@ class Provenance(_Strict):
     notes: str
 
 
+class LayerElementwise(_Strict):
+    """A decoder layer's memory-bound kernels (norms, RoPE, activation, residuals, casts, copies) as
+    effective bytes per token for each element of three widths, forward and backward together, at the
+    profile's HBM bandwidth (calibration family layer_elementwise: the kernels' measured time)."""
+
+    per_hidden: Bytes
+    per_kv: Bytes
+    per_ffn: Bytes
+
+    def bytes_per_token(self, hidden, kv_dim, ffn) -> float:
+        return self.per_hidden.value * hidden + self.per_kv.value * kv_dim + self.per_ffn.value * ffn
+
+
 class GpuSpec(_Strict):
     name: str
     memory_gib: GiB
@@ -128,6 +142,9 @@ class GpuSpec(_Strict):
     attention_bwd_head_dim_ratio: HeadDimRatioCurve | None = None
     # Memory-bound elementwise work (norms, activations, residuals, optimizer on GPU).
     hbm_bandwidth: BytesPerSecond
+    # A decoder layer's elementwise kernels as measured; None (older profiles): the counted bytes
+    # (models.flops), which on H200 were a sixth of their time.
+    layer_elementwise: LayerElementwise | None = None
     power_cap: Watts
 
     def attention_rates(self, seq_len, head_dim) -> tuple[float, float]:

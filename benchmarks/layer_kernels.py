@@ -1,0 +1,88 @@
+"""A decoder layer's kernels as measured, against the cost model's three ways of costing them.
+
+    python benchmarks/layer_kernels.py [RAW.jsonl] [--json]
+
+RAW is an `advisor calibrate --only layer_elementwise` raw file (default: the H200 one of
+2026-12-01 in data/calibration). For each measured layer (one harness decoder block's forward and
+backward, torch.profiler) it prints the GEMMs against the profile's GEMM curve, the attention core
+against its curves, and the rest (norms, RoPE, activation, residuals, casts, copies) against the
+bytes counted from the ops and against the fit the profile keeps (`gpu.layer_elementwise`), all at
+efficiency 1. Runs anywhere: it reads measurements, it does not make them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from calibration.fitting import fit_layer_elementwise  # noqa: E402
+from calibration.rawlog import read_raw  # noqa: E402
+from models.architecture import load_architecture  # noqa: E402
+from models.flops import counted_layer_bytes_per_token, micro_step_work  # noqa: E402
+from models.profile import load_profile  # noqa: E402
+from models.workload import Workload  # noqa: E402
+
+DEFAULT_RAW = REPO / "data" / "calibration" / "h200-x1-layer-elementwise-2026-12-01.raw.jsonl"
+
+
+def modeled_s(row: dict, profile) -> dict:
+    """GEMM and attention seconds of the measured layer at the profile's curves (efficiency 1)."""
+    arch = load_architecture(row["preset"])
+    work = micro_step_work(Workload(arch, row["tokens"]), 1, 1, 0)
+    gemm = sum(float(g.fwd_flops + g.bwd_flops) / float(profile.gpu.gemm_bf16(g.flops_per_call))
+               for g in work.gemms if g.name != "lm_head") / arch.num_layers
+    af, ab = profile.gpu.attention_rates(row["tokens"], arch.head_dim)
+    attention = float(work.attn_fwd_flops / af + work.attn_bwd_flops / ab) / arch.num_layers
+    counted = 3.0 * row["tokens"] * counted_layer_bytes_per_token(arch) / profile.gpu.hbm_bandwidth.value
+    return {"gemm_s": gemm, "attention_s": attention, "counted_other_s": counted}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("raw", nargs="?", type=Path, default=DEFAULT_RAW)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        _, results = read_raw(args.raw)
+    except (OSError, ValueError) as exc:
+        print(f"layer_kernels: {exc}", file=sys.stderr)
+        return 2
+    rows = [r.data for r in results.values() if r.family == "layer_elementwise" and r.status == "ok"]
+    if len(rows) < 3:
+        print(f"layer_kernels: {args.raw} holds {len(rows)} measured layers; need 3", file=sys.stderr)
+        return 2
+    profile = load_profile("h200")
+    bandwidth = profile.gpu.hbm_bandwidth.value
+    fit = fit_layer_elementwise(rows, bandwidth)
+    out = []
+    for r in rows:
+        m = modeled_s(r, profile)
+        out.append({**r, **{f"modeled_{k}": v for k, v in m.items()},
+                    "fitted_other_s": fit.predict_s(r["tokens"], r["hidden"], r["kv_dim"], r["ffn"], bandwidth)})
+    if args.json:
+        print(json.dumps({"raw": str(args.raw), "fit": fit.__dict__, "rows": out}, indent=1))
+        return 0
+    table = Table(title=f"One decoder layer, forward + backward, ms: measured / modeled ({args.raw.name})")
+    for col in ("layer", "tokens", "GEMMs", "attention", "rest: measured", "counted bytes", "fit"):
+        table.add_column(col, justify="left" if col == "layer" else "right")
+    for r in out:
+        table.add_row(r["preset"], str(r["tokens"]), f"{r['gemm_s'] * 1e3:.2f} / {r['modeled_gemm_s'] * 1e3:.2f}",
+                      f"{r['attention_s'] * 1e3:.2f} / {r['modeled_attention_s'] * 1e3:.2f}",
+                      f"{r['other_s'] * 1e3:.2f}", f"{r['modeled_counted_other_s'] * 1e3:.2f}",
+                      f"{r['fitted_other_s'] * 1e3:.2f}")
+    console = Console(width=max(110, Console().width))
+    console.print(table)
+    console.print(f"fit: {fit.per_hidden:.0f} / {fit.per_kv:.0f} / {fit.per_ffn:.0f} bytes per token per element of "
+                  f"hidden / KV / FFN width, worst layer {fit.worst_error:.1%} off")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

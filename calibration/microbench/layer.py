@@ -1,0 +1,100 @@
+"""One decoder layer's memory-bound work as training runs it: the time of every kernel of a harness
+decoder block's forward and backward that is neither a GEMM nor the attention core (norms, RoPE, the
+activation, residuals, casts and layout copies).
+
+Why measured and not counted: these are many small unfused kernels, several of them strided or in
+fp32 (RMSNorm and RoPE upcast, as Hugging Face's do), so their time is not the counted bytes over the
+copy bandwidth. On H200 (2026-12-01, benchmarks/layer_kernels.py) they took 5-7x the counted bytes'
+time, a third of a 7B layer at 16k tokens, and a single fitted efficiency had been absorbing it by
+slowing the GEMMs to 0.68 of their measured rate. The profile keeps the fit of these times as
+effective bytes per token and layer for each element of the hidden size, the KV width and the FFN
+width (`calibration.profile_writer`), which `models.flops` uses at the profile's HBM bandwidth.
+
+Kernels are timed by torch.profiler on the device (CUDA activity); on the CPU path its CPU operators'
+own times stand in, classified by name the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from calibration.microbench.common import BenchContext, BenchItem
+
+PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "tinyllama-1.1b", "llama-2-7b")  # 896-4096 hidden, GQA and MHA
+ITERATIONS = 3
+
+
+def kernel_class(name: str) -> str:
+    """"gemm", "attention" or "other" for a device kernel's (or a CPU operator's) name."""
+    n = name.lower()
+    if any(s in n for s in ("nvjet", "gemm", "cutlass", "xmma", "aten::mm", "aten::addmm", "aten::bmm")):
+        return "gemm"
+    if any(s in n for s in ("sdpa", "flash", "fmha", "attention")):
+        return "attention"
+    return "other"
+
+
+# The CPU path's tiny layers (hidden, heads, KV heads, FFN): three, so that three widths can be fitted.
+CPU_SHAPES = {"qwen2.5-0.5b": (64, 4, 1, 320), "qwen2.5-1.5b": (96, 4, 2, 256), "llama-2-7b": (128, 4, 4, 352)}
+
+
+def cases(quick: bool, cpu: bool) -> list[tuple[str, int]]:
+    """(preset, tokens); on the CPU path a tiny layer in each preset's place."""
+    if cpu:
+        return [(p, 64) for p in CPU_SHAPES]
+    tokens = (8192,) if quick else (4096, 16384)
+    return [(p, t) for p in PRESETS for t in tokens]
+
+
+def _architecture(preset: str, cpu: bool):
+    from models.architecture import load_architecture
+
+    arch = load_architecture(preset)
+    if not cpu:
+        return arch
+    hidden, heads, kv_heads, ffn = CPU_SHAPES[preset]
+    return dataclasses.replace(arch, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=ffn)
+
+
+def bench_layer(ctx: BenchContext, preset: str, tokens: int) -> dict:
+    """Seconds of one block's forward and backward in each kernel class, averaged over iterations."""
+    from calibration.harness.model import DecoderBlock, rope_tables
+
+    arch = _architecture(preset, not ctx.is_cuda)
+    dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
+    block = DecoderBlock(arch, None).to(ctx.device, dtype)
+    cos, sin = rope_tables(torch.arange(tokens, device=ctx.device), arch.head_dim)
+    x = torch.randn(1, tokens, arch.hidden_size, device=ctx.device, dtype=dtype, requires_grad=True)
+    grad = torch.ones(1, tokens, arch.hidden_size, device=ctx.device, dtype=dtype)
+
+    def step():
+        block(x, cos, sin).backward(grad)
+
+    for _ in range(3):
+        step()
+    ctx.sync()
+    activity = torch.profiler.ProfilerActivity.CUDA if ctx.is_cuda else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as prof:
+        for _ in range(ITERATIONS):
+            step()
+        ctx.sync()
+    seconds = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for event in prof.key_averages():
+        if ctx.is_cuda:  # device kernels only: the aten operators that launched them would count twice
+            if event.key.startswith(("aten::", "Memset")):
+                continue
+            own_us = event.self_device_time_total
+        else:
+            own_us = event.self_cpu_time_total
+        seconds[kernel_class(event.key)] += own_us / 1e6 / ITERATIONS
+    return {"preset": preset, "hidden": arch.hidden_size, "kv_dim": arch.kv_dim, "ffn": arch.intermediate_size,
+            "tokens": tokens, "gemm_s": seconds["gemm"], "attention_s": seconds["attention"],
+            "other_s": seconds["other"]}
+
+
+def items(ctx: BenchContext) -> list[BenchItem]:
+    return [BenchItem(f"layer/{preset}/t{tokens}", "layer_elementwise",
+                      lambda c, p=preset, t=tokens: bench_layer(c, p, t),
+                      label=f"decoder layer {preset} at {tokens} tokens")
+            for preset, tokens in cases(ctx.sizes.quick, not ctx.is_cuda)]

@@ -1,0 +1,91 @@
+"""A decoder layer's elementwise kernels: measured on the CPU path, fitted as effective bytes per
+width, merged into a profile, and used by the cost model in place of the counted bytes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from cal_helpers import env, gpu_results
+
+from calibration.fitting import fit_layer_elementwise
+from calibration.merge import merged_profile
+from calibration.microbench.common import BenchContext, sizes_for
+from calibration.microbench.layer import bench_layer, kernel_class
+from calibration.profile_writer import build_profile
+from calibration.rawlog import RawLog, RawResult
+from models.architecture import load_architecture
+from models.flops import counted_layer_bytes_per_token, micro_step_work
+from models.profile import parse_profile
+from models.workload import Workload
+
+BANDWIDTH = 4e12
+WIDTHS = [(896, 128, 4864), (1536, 256, 8960), (2048, 256, 11008), (4096, 4096, 11008)]
+
+
+def layer_rows(per_hidden=650.0, per_kv=120.0, per_ffn=37.0):
+    return [{"preset": f"p{h}", "tokens": t, "hidden": h, "kv_dim": kv, "ffn": f,
+             "other_s": t * (per_hidden * h + per_kv * kv + per_ffn * f) / BANDWIDTH}
+            for h, kv, f in WIDTHS for t in (4096, 16384)]
+
+
+def test_the_fit_recovers_each_widths_bytes():
+    fit = fit_layer_elementwise(layer_rows(), BANDWIDTH)
+    assert (fit.per_hidden, fit.per_kv, fit.per_ffn) == pytest.approx((650.0, 120.0, 37.0), rel=1e-6)
+    assert fit.worst_error < 1e-6
+    assert fit.predict_s(4096, 896, 128, 4864, BANDWIDTH) == pytest.approx(layer_rows()[0]["other_s"])
+
+
+def test_the_fit_needs_three_layers_and_keeps_bytes_non_negative():
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_layer_elementwise(layer_rows()[:2], BANDWIDTH)
+    rows = layer_rows(per_kv=0.0)
+    for r in rows:
+        r["other_s"] *= 1.0 - 0.3 * r["kv_dim"] / r["hidden"]  # more KV, less time: unphysical
+    fit = fit_layer_elementwise(rows, BANDWIDTH)
+    assert min(fit.per_hidden, fit.per_kv, fit.per_ffn) >= 0.0
+
+
+def test_kernels_are_classed_by_name():
+    assert kernel_class("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN") == "gemm"
+    assert kernel_class("aten::addmm") == "gemm"
+    assert kernel_class("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma") == "attention"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>") == "other"
+
+
+def test_the_cpu_path_times_every_class_of_a_harness_block():
+    ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
+    row = bench_layer(ctx, "qwen2.5-0.5b", 64)
+    assert (row["hidden"], row["kv_dim"], row["ffn"], row["tokens"]) == (64, 16, 320, 64)
+    assert row["gemm_s"] > 0 and row["other_s"] > 0 and row["attention_s"] >= 0
+
+
+def _raw_with_layers(tmp_path):
+    raw = RawLog(tmp_path / "layers.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
+                                                 "nodes": 1, "quick": False, "machine": "m"})
+    for i, row in enumerate(layer_rows()):
+        raw.append(RawResult(f"layer/{row['preset']}/t{row['tokens']}", "layer_elementwise", "ok", row, None, 1.0,
+                             "now"))
+    return raw.path
+
+
+def test_merged_layers_replace_the_counted_bytes_in_predictions(tmp_path):
+    base = build_profile(env(), gpu_results(), name="node", raw_file="base.raw.jsonl")
+    assert "layer_elementwise" not in base["gpu"]  # not measured, no reference: the counted bytes
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(base))
+    merged = parse_profile(merged_profile(_raw_with_layers(tmp_path), path))
+    bandwidth = merged.gpu.hbm_bandwidth.value
+    # the same seconds at the profile's own bandwidth: bytes scale with it
+    assert merged.gpu.layer_elementwise.per_hidden.value == pytest.approx(650.0 * bandwidth / BANDWIDTH, rel=1e-6)
+    assert "layers.raw.jsonl" in merged.gpu.layer_elementwise.per_kv.source
+
+    arch = load_architecture("qwen2.5-1.5b")
+    w = Workload(arch, 8192)
+    counted = micro_step_work(w, 1, 1, 0)
+    measured = micro_step_work(w, 1, 1, 0, merged.gpu.layer_elementwise)
+    per_layer = merged.gpu.layer_elementwise.bytes_per_token(arch.hidden_size, arch.kv_dim, arch.intermediate_size) / 3
+    extra = 8192 * arch.num_layers * (per_layer - counted_layer_bytes_per_token(arch))
+    np.testing.assert_allclose(measured.elem_fwd_bytes - counted.elem_fwd_bytes, extra, rtol=1e-9)
+    np.testing.assert_allclose(measured.elem_bwd_bytes - counted.elem_bwd_bytes, 2 * extra, rtol=1e-9)
