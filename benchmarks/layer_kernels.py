@@ -51,8 +51,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         _, results = read_raw(args.raw)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         print(f"layer_kernels: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"layer_kernels: {args.raw} is not a calibration raw file ({exc})", file=sys.stderr)
         return 2
     rows = [r.data for r in results.values() if r.family == "layer_elementwise" and r.status == "ok"]
     if len(rows) < 3:
