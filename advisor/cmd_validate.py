@@ -14,6 +14,9 @@ from pathlib import Path
 import click
 
 from advisor.inputs import MAX_GPUS, MAX_PER_SAMPLE, parse_seq
+from calibration.harness.window import WindowSettings
+
+WINDOW = WindowSettings()  # the defaults of the measured window
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -58,12 +61,14 @@ def _default_store() -> Path:
               help="Append each run here as it finishes (default: WORKDIR/runs.jsonl); a rerun skips what it holds.")
 @click.option("--workdir", type=click.Path(file_okay=False), default="validate-runs", show_default=True,
               help="Per-run configs, logs and results.")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="Measured steps, at least.")
-@click.option("--min-window-s", type=click.FloatRange(min=0), default=1.0, show_default=True,
+@click.option("--warmup", type=click.IntRange(min=0), default=WINDOW.warmup, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=WINDOW.steps, show_default=True,
+              help="Measured steps, at least.")
+@click.option("--min-window-s", type=click.FloatRange(min=0), default=WINDOW.min_window_s, show_default=True,
               help="Run more steps until the measured window is this long (energy counters tick every ~0.1 s).")
-@click.option("--precision", type=click.FloatRange(min=0, max=1), default=0.02, show_default=True,
-              help="Then run more steps (up to 50, or 30 s) until the mean step time's relative standard error "
+@click.option("--precision", type=click.FloatRange(min=0, max=1), default=WINDOW.precision, show_default=True,
+              help=f"Then run more steps (up to {WINDOW.max_steps}, or {WINDOW.max_window_s:g} s) until the mean "
+                   "step time's relative standard error "
                    "is this small; 0: stop at --steps and --min-window-s.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds per run before it is stopped and recorded as a timeout.")
@@ -93,7 +98,6 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         run_validation,
     )
     from calibration.harness.runner import RunSettings
-    from calibration.harness.window import WindowSettings
 
     if bool(sweep_path) == bool(ds_config_path):
         raise click.UsageError("give either --ds-config (with --model and --seq) or --sweep")

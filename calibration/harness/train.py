@@ -21,6 +21,7 @@ import time
 import traceback
 
 from calibration.harness.measure import HostMemoryPeak
+from calibration.harness.window import WindowSettings
 from runs.record import RunResult
 
 GIB = 2**30
@@ -31,14 +32,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="preset name or path of a Hugging Face config.json")
     p.add_argument("--seq", type=int, required=True, help="context length per sample, vision tokens included")
     p.add_argument("--ds-config", required=True, help="DeepSpeed config JSON file")
-    p.add_argument("--warmup", type=int, default=2, help="steps run before the measured window")
-    p.add_argument("--steps", type=int, default=3, help="measured optimizer steps (at least)")
-    p.add_argument("--min-window-s", type=float, default=1.0,
+    w = WindowSettings()
+    p.add_argument("--warmup", type=int, default=w.warmup, help="steps run before the measured window")
+    p.add_argument("--steps", type=int, default=w.steps, help="measured optimizer steps (at least)")
+    p.add_argument("--min-window-s", type=float, default=w.min_window_s,
                    help="run more steps until the window is this long (NVML's counter ticks every ~100 ms)")
-    p.add_argument("--max-steps", type=int, default=50, help="cap on measured steps for fast configs")
-    p.add_argument("--precision", type=float, default=0.02,
+    p.add_argument("--max-steps", type=int, default=w.max_steps, help="cap on measured steps for fast configs")
+    p.add_argument("--precision", type=float, default=w.precision,
                    help="run more steps until the mean step time's relative standard error is this small")
-    p.add_argument("--max-window-s", type=float, default=30.0, help="no more steps for precision after this long")
+    p.add_argument("--max-window-s", type=float, default=w.max_window_s,
+                   help="no more steps for precision after this long")
     p.add_argument("--out", required=True, help="result JSON path (written by rank 0)")
     vision = p.add_mutually_exclusive_group()
     vision.add_argument("--images", type=int, default=0, help="images per sample")
@@ -107,7 +110,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     from calibration.harness import host_probe, memory_trace, step_profile
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
-    from calibration.harness.window import MeasuredWindow, WindowSettings, torch_agree
+    from calibration.harness.window import MeasuredWindow, torch_agree
     from calibration.harness.model import Checkpointing, Transformer
     from models.architecture import load_architecture
     from models.ds_config import parse_ds_config
