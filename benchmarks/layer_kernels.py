@@ -6,8 +6,8 @@ RAW is an `advisor calibrate --only layer_elementwise` raw file (default: the H2
 2026-12-01 in data/calibration). For each measured layer (one harness decoder block's forward and
 backward, torch.profiler) it prints the GEMMs against the profile's GEMM curve, the attention core
 against its curves, and the rest (norms, RoPE, activation, residuals, casts, copies) against the
-bytes counted from the ops and against the fit the profile keeps (`gpu.layer_elementwise`), all at
-efficiency 1. Runs anywhere: it reads measurements, it does not make them.
+bytes counted from the ops and against the shipped profile's measured bytes (`gpu.layer_elementwise`),
+all at efficiency 1; and RAW's own fit. Runs anywhere: it reads measurements, it does not make them.
 """
 from __future__ import annotations
 
@@ -40,8 +40,12 @@ def modeled_s(row: dict, profile) -> dict:
                for g in work.gemms if g.name != "lm_head") / arch.num_layers
     af, ab = profile.gpu.attention_rates(row["tokens"], arch.head_dim)
     attention = float(work.attn_fwd_flops / af + work.attn_bwd_flops / ab) / arch.num_layers
-    counted = 3.0 * row["tokens"] * counted_layer_bytes_per_token(arch) / profile.gpu.hbm_bandwidth.value
-    return {"gemm_s": gemm, "attention_s": attention, "counted_other_s": counted}
+    bandwidth = profile.gpu.hbm_bandwidth.value
+    counted = 3.0 * row["tokens"] * counted_layer_bytes_per_token(arch) / bandwidth
+    measured = profile.gpu.layer_elementwise
+    shipped = (row["tokens"] * measured.bytes_per_token(arch.hidden_size, arch.kv_dim, arch.intermediate_size)
+               / bandwidth if measured is not None else None)
+    return {"gemm_s": gemm, "attention_s": attention, "counted_other_s": counted, "profile_other_s": shipped}
 
 
 def main(argv=None) -> int:
@@ -62,27 +66,22 @@ def main(argv=None) -> int:
         print(f"layer_kernels: {args.raw} holds {len(rows)} measured layers; need 3", file=sys.stderr)
         return 2
     profile = load_profile("h200")
-    bandwidth = profile.gpu.hbm_bandwidth.value
-    fit = fit_layer_elementwise(rows, bandwidth)
-    out = []
-    for r in rows:
-        m = modeled_s(r, profile)
-        out.append({**r, **{f"modeled_{k}": v for k, v in m.items()},
-                    "fitted_other_s": fit.predict_s(r["tokens"], r["hidden"], r["kv_dim"], r["ffn"], bandwidth)})
+    fit = fit_layer_elementwise(rows, profile.gpu.hbm_bandwidth.value)
+    out = [{**r, **{f"modeled_{k}": v for k, v in modeled_s(r, profile).items()}} for r in rows]
     if args.json:
         print(json.dumps({"raw": str(args.raw), "fit": fit.__dict__, "rows": out}, indent=1))
         return 0
     table = Table(title=f"One decoder layer, forward + backward, ms: measured / modeled ({args.raw.name})")
-    for col in ("layer", "tokens", "GEMMs", "attention", "rest: measured", "counted bytes", "fit"):
+    for col in ("layer", "tokens", "GEMMs", "attention", "rest: measured", "counted bytes", "profile"):
         table.add_column(col, justify="left" if col == "layer" else "right")
     for r in out:
         table.add_row(r["preset"], str(r["tokens"]), f"{r['gemm_s'] * 1e3:.2f} / {r['modeled_gemm_s'] * 1e3:.2f}",
                       f"{r['attention_s'] * 1e3:.2f} / {r['modeled_attention_s'] * 1e3:.2f}",
                       f"{r['other_s'] * 1e3:.2f}", f"{r['modeled_counted_other_s'] * 1e3:.2f}",
-                      f"{r['fitted_other_s'] * 1e3:.2f}")
+                      "-" if r["modeled_profile_other_s"] is None else f"{r['modeled_profile_other_s'] * 1e3:.2f}")
     console = Console(width=max(110, Console().width))
     console.print(table)
-    console.print(f"fit: {fit.per_hidden:.0f} / {fit.per_kv:.0f} / {fit.per_ffn:.0f} bytes per token per element of "
+    console.print(f"{args.raw.name}'s own fit: {fit.per_hidden:.0f} / {fit.per_kv:.0f} / {fit.per_ffn:.0f} bytes per token per element of "
                   f"hidden / KV / FFN width, worst layer {fit.worst_error:.1%} off")
     return 0
 

@@ -133,9 +133,6 @@ class LayerElementwiseFit:
     per_ffn: float
     worst_error: float  # the largest relative miss over the measured layers
 
-    def predict_s(self, tokens, hidden, kv_dim, ffn, bandwidth: float) -> float:
-        return tokens * (self.per_hidden * hidden + self.per_kv * kv_dim + self.per_ffn * ffn) / bandwidth
-
 
 def fit_layer_elementwise(rows: list[dict], bandwidth: float) -> LayerElementwiseFit:
     """Non-negative least squares of the layers' measured elementwise seconds (`other_s`) against
