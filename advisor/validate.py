@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from runs.record import Candidate, RunRecord
+from runs.record import Candidate, RunRecord, relative_sem
 
 # What is compared: (name, the prediction's key, the measured RunResult field). Like with like, as
 # `advisor report` does: allocated GPU memory against torch's max_memory_allocated, the allocator's
@@ -146,6 +146,7 @@ class Comparison:
     predicted: dict
     error_pct: dict
     host: dict | None = None  # advisor.host_check.HostCheck of the run's host against the profile's
+    step_time_rel_sem: float | None = None  # how well the measured mean step is known (runs.record.relative_sem)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -169,8 +170,9 @@ def compare(record: RunRecord, profile=None) -> Comparison:
 
         checked = check_host(record.result.host_probe, Strategy(**record.candidate.strategy), profile)
         host = checked.to_dict() if checked else None
+    spread = relative_sem(record.result.step_times_s) if record.result.step_times_s else None
     return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors,
-                      host)
+                      host, spread)
 
 
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,

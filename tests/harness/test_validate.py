@@ -88,6 +88,15 @@ def test_compare_gives_signed_percentage_errors():
     assert cmp.error_pct["allocated_gpu_mem_gib"] is None  # not measured: no error, not -100%
     # like with like, as advisor report: the allocator's predicted pool against reserved memory
     assert cmp.error_pct["reserved_gpu_mem_gib"] == pytest.approx(10.0)
+    assert cmp.step_time_rel_sem is None  # no steps recorded: nothing to tell
+
+
+def test_compare_says_how_well_the_mean_step_is_known():
+    c = Candidate(model="m", seq_len=1, ds_config={}, label="x")
+    noisy = RunRecord.now(c, RunResult(status="ok", step_time_s=0.15, step_times_s=[0.1, 0.2, 0.1, 0.2]))
+    assert compare(noisy).step_time_rel_sem == pytest.approx((0.0577 / 0.15) / 2, rel=1e-2)
+    steady = RunRecord.now(c, RunResult(status="ok", step_time_s=1.0, step_times_s=[1.0, 1.0, 1.0]))
+    assert compare(steady).step_time_rel_sem == 0.0
 
 
 @pytest.mark.slow
