@@ -133,7 +133,7 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         click.echo(json.dumps({"profile": profile, "runs": [c.to_dict() for c in comparisons],
                                "not_run": skipped}))
         return
-    _show(comparisons, profile, skipped, precision)
+    _show(comparisons, profile, skipped, window)
 
 
 def _profile_or_none(name: str):
@@ -147,7 +147,7 @@ def _profile_or_none(name: str):
         return None
 
 
-def _show(comparisons, profile: str, skipped: int, precision: float) -> None:
+def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> None:
     from rich.table import Table
 
     from advisor.render import console
@@ -164,7 +164,7 @@ def _show(comparisons, profile: str, skipped: int, precision: float) -> None:
     for c in comparisons:
         if c.host and c.host["differs"]:
             out.print(f"{c.label}: {c.host['note']}")
-        if c.status == "ok" and c.step_time_rel_sem and c.step_time_rel_sem > max(precision, 1e-9):
+        if c.status == "ok" and c.step_time_rel_sem is not None and not window.precise_enough(c.step_time_rel_sem):
             out.print(f"{c.label}: its mean step time is known to +-{100 * c.step_time_rel_sem:.1f}% only (the window "
                       "ran out first; a noisy host): a smaller difference from another run is not measured.")
     if skipped:

@@ -39,6 +39,10 @@ class WindowSettings:
     precision: float = 0.02  # the mean step time's relative standard error to reach
     max_window_s: float = 30.0  # no more steps for precision after this long
 
+    def precise_enough(self, rel_sem: float) -> bool:
+        """Whether a mean step time known to `rel_sem` (runs.record.relative_sem) needs no more steps."""
+        return self.precision <= 0 or rel_sem <= self.precision
+
     def env(self) -> dict[str, str]:
         """How a run tells a user script's StepMeter the window: ADVISOR_WARMUP, ADVISOR_STEPS, ..."""
         return {f"ADVISOR_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)}
@@ -99,7 +103,7 @@ class MeasuredWindow:
             self.target = min(s.max_steps, n + math.ceil((s.min_window_s - elapsed) / pace))
             return False
         spread = self.agree(relative_sem(self.step_times_s), "max") if s.precision > 0 else 0.0
-        if n >= s.max_steps or spread <= s.precision or elapsed >= s.max_window_s:
+        if n >= s.max_steps or s.precise_enough(spread) or elapsed >= s.max_window_s:
             self._end(now)
             return True
         # The standard error falls as 1/sqrt(steps): enough steps for the precision, within the caps.

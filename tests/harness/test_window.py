@@ -62,6 +62,12 @@ def test_settings_travel_through_the_environment_and_the_harness_options():
     assert args[args.index("--precision") + 1] == "0.05" and args[args.index("--max-window-s") + 1] == "9.0"
 
 
+def test_precision_zero_asks_for_no_more_steps():
+    assert WindowSettings(precision=0.0).precise_enough(0.5)
+    assert WindowSettings(precision=0.02).precise_enough(0.02)
+    assert not WindowSettings(precision=0.02).precise_enough(0.021)
+
+
 def test_relative_sem():
     assert relative_sem([1.0]) == 0.0
     assert relative_sem([1.0, 1.0, 1.0]) == 0.0
