@@ -103,8 +103,11 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
                         train_vision=not c.freeze_vision, loss_dtype=c.loss_dtype)
     energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
     issue_us = (r.host_probe or {}).get("issue_us_per_layer")
+    # The model's reserved pool is the default caching allocator's; another setting's (expandable
+    # segments: data/runs/README.md) says nothing about it.
+    reserved = r.peak_gpu_reserved_gib if not r.machine.get("cuda_alloc_conf") else None
     return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
-                       r.peak_gpu_reserved_gib, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy),
+                       reserved, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy),
                        host_issue_per_layer_s=issue_us * 1e-6 if issue_us else None)
 
 

@@ -78,3 +78,17 @@ def test_a_runs_host_probe_reaches_the_model_in_seconds_and_repeats_average_it(r
     assert both.host_issue_per_layer_s == pytest.approx(200e-6)  # geometric mean, as the step times
     # a repeat on a host that was not probed: the mean step's host is unknown
     assert to_run_set([_probed(first, 100.0, 0), _probed(first, None, 1)]).runs[0].host_issue_per_layer_s is None
+
+
+def test_reserved_memory_under_another_allocator_setting_is_not_the_models(records):
+    """The model's reserved pool is the default caching allocator's: a run with expandable segments
+    keeps its allocated memory and times, not its reserved pool."""
+    from runs.measured import to_measured_run
+
+    record = records[2]
+    default = to_measured_run(record)
+    machine = {**record.result.machine, "cuda_alloc_conf": "expandable_segments:True"}
+    other = to_measured_run(dataclasses.replace(record, result=dataclasses.replace(record.result, machine=machine)))
+    assert default.peak_gpu_reserved_gib == record.result.peak_gpu_reserved_gib is not None
+    assert other.peak_gpu_reserved_gib is None
+    assert other.peak_gpu_mem_gib == default.peak_gpu_mem_gib and other.step_time_s == default.step_time_s
