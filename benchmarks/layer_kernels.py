@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from calibration.fitting import fit_layer_elementwise  # noqa: E402
+from calibration.fitting import fit_elementwise  # noqa: E402
 from calibration.rawlog import read_raw  # noqa: E402
 from models.architecture import load_architecture  # noqa: E402
 from models.flops import counted_layer_bytes_per_token, micro_step_work  # noqa: E402
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         print(f"layer_kernels: {args.raw} holds {len(rows)} measured layers; need 3", file=sys.stderr)
         return 2
     profile = load_profile("h200")
-    fit = fit_layer_elementwise(rows, profile.gpu.hbm_bandwidth.value)
+    fit = fit_elementwise(rows, profile.gpu.hbm_bandwidth.value)
     out = [{**r, **{f"modeled_{k}": v for k, v in modeled_s(r, profile).items()}} for r in rows]
     if args.json:
         print(json.dumps({"raw": str(args.raw), "fit": fit.__dict__, "rows": out}, indent=1))
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
                       "-" if r["modeled_profile_other_s"] is None else f"{r['modeled_profile_other_s'] * 1e3:.2f}")
     console = Console(width=max(110, Console().width))
     console.print(table)
-    console.print(f"{args.raw.name}'s own fit: {fit.per_hidden:.0f} / {fit.per_kv:.0f} / {fit.per_ffn:.0f} bytes per token per element of "
+    per = fit.bytes_per_element
+    console.print(f"{args.raw.name}'s own fit: {per['hidden']:.0f} / {per['kv_dim']:.0f} / {per['ffn']:.0f} bytes per token per element of "
                   f"hidden / KV / FFN width, worst layer {fit.worst_error:.1%} off")
     return 0
 

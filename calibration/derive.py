@@ -122,8 +122,9 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
     for ratio in ("attention_fwd_head_dim_ratio", "attention_bwd_head_dim_ratio"):
         if gpu.get(ratio):  # the same kernels on the same architecture (Hopper): no datasheet figure
             gpu[ratio] = carried(gpu[ratio])
-    if gpu.get("layer_elementwise"):  # the same kernels, as bytes: they run at the target's own HBM bandwidth
-        gpu["layer_elementwise"] = {k: carried(v) for k, v in gpu["layer_elementwise"].items()}
+    for block in ("layer_elementwise", "vision_elementwise"):  # the same kernels, as bytes: at the target's own HBM bandwidth
+        if gpu.get(block):
+            gpu[block] = {k: carried(v) for k, v in gpu[block].items()}
     host = ref["host"]
     # CPUAdam is memory-bound: the reference's params/s per byte/s of its measured host memory
     # bandwidth, at the target's datasheet bandwidth (an upper bound: peak, not measured).

@@ -124,23 +124,25 @@ def gemm_flops(m: int, n: int, k: int) -> float:
     return 2.0 * m * n * k
 
 
+DECODER_WIDTHS = ("hidden", "kv_dim", "ffn")  # a decoder layer: hidden size, KV width (GQA), FFN width
+VISION_WIDTHS = ("hidden", "ffn")  # a ViT block: fused QKV over all heads, no KV width of its own
+
+
 @dataclass(frozen=True)
-class LayerElementwiseFit:
-    """Effective bytes per token for each element of the hidden size, the KV width and the FFN width."""
+class ElementwiseFit:
+    """Effective bytes per token for each element of each width (`DECODER_WIDTHS`, `VISION_WIDTHS`)."""
 
-    per_hidden: float
-    per_kv: float
-    per_ffn: float
-    worst_error: float  # the largest relative miss over the measured layers
+    bytes_per_element: dict[str, float]
+    worst_error: float  # the largest relative miss over the measured blocks
 
 
-def fit_layer_elementwise(rows: list[dict], bandwidth: float) -> LayerElementwiseFit:
-    """Non-negative least squares of the layers' measured elementwise seconds (`other_s`) against
-    tokens x (hidden, kv_dim, ffn) / bandwidth, each row weighted by its own time (relative errors)."""
-    if len(rows) < 3:
-        raise ValueError(f"need at least 3 measured layers to fit three widths, got {len(rows)}")
-    a = np.array([[r["tokens"] * r[k] / bandwidth for k in ("hidden", "kv_dim", "ffn")] for r in rows], dtype=float)
+def fit_elementwise(rows: list[dict], bandwidth: float, widths: tuple[str, ...] = DECODER_WIDTHS) -> ElementwiseFit:
+    """Non-negative least squares of the blocks' measured elementwise seconds (`other_s`) against
+    tokens x each width / bandwidth, each row weighted by its own time (relative errors)."""
+    if len(rows) < len(widths):
+        raise ValueError(f"need at least {len(widths)} measured blocks to fit {len(widths)} widths, got {len(rows)}")
+    a = np.array([[r["tokens"] * r[k] / bandwidth for k in widths] for r in rows], dtype=float)
     t = np.array([r["other_s"] for r in rows], dtype=float)
     coef = lsq_linear(a / t[:, None], np.ones(len(rows)), bounds=(0.0, np.inf)).x
     worst = float(np.max(np.abs(a @ coef / t - 1.0)))
-    return LayerElementwiseFit(*(float(c) for c in coef), worst_error=worst)
+    return ElementwiseFit(dict(zip(widths, (float(c) for c in coef))), worst_error=worst)

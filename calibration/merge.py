@@ -10,7 +10,8 @@ headline values. The CPU optimizer on all cores: `host.cpu_adam` and `host.cores
 against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; the host's issue
 time: `host.issue_per_layer` (the issue constants then scale with it); attention at
 head dims besides 128: `gpu.attention_{fwd,bwd}_head_dim_ratio`; a decoder layer's elementwise
-kernels: `gpu.layer_elementwise` (at the profile's HBM bandwidth). Sources name RAW.
+kernels: `gpu.layer_elementwise`, and a ViT block's: `gpu.vision_elementwise` (both at the profile's HBM
+bandwidth). Sources name RAW.
 """
 from __future__ import annotations
 
@@ -61,6 +62,12 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
             raise ValueError(f"{raw_path}: fewer than 3 decoder layers measured (calibration family layer_elementwise)")
         data["gpu"]["layer_elementwise"] = relabel(layers, f"on {header.get('device')}: ")
         merged.append("the decoder layer's elementwise kernels")
+    if builder.family("vision_elementwise"):
+        blocks = builder.vision_elementwise(base.gpu.hbm_bandwidth.value)
+        if blocks is None:
+            raise ValueError(f"{raw_path}: fewer than 2 ViT blocks measured (calibration family vision_elementwise)")
+        data["gpu"]["vision_elementwise"] = relabel(blocks, f"on {header.get('device')}: ")
+        merged.append("the ViT block's elementwise kernels")
     ratios = builder.head_dim_ratios("measured")
     for key, curve in ratios.items():
         data["gpu"][key] = relabel(curve, f"{raw_path.name}, on {header.get('device')}: ")
@@ -69,7 +76,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
     if not merged:
         raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, CPUAdam or the "
                          "parameter refresh against threads, the host's issue time, attention at two head dims, "
-                         "decoder layers' elementwise kernels)")
+                         "decoder layers' or ViT blocks' elementwise kernels)")
     data["provenance"]["notes"] += (f" {'; '.join(merged).capitalize()} replaced by those measured in {raw_path.name} "
                                     f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "
                                     f"{header.get('device')}).")
@@ -80,7 +87,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads, "
-                               "param_refresh, host_issue, attention, layer_elementwise) run")
+                               "param_refresh, host_issue, attention, layer_elementwise, vision_elementwise) run")
     p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
     p.add_argument("--out", help="where to write (default: over --into when it is a path)")
     args = p.parse_args(argv)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from statistics import median
 
 from calibration.cpu_power import estimate_cpu_power
-from calibration.fitting import COLLECTIVE_OPS, bus_factor, build_curve, fit_alpha_beta, fit_layer_elementwise
+from calibration.fitting import (COLLECTIVE_OPS, DECODER_WIDTHS, VISION_WIDTHS, bus_factor, build_curve, fit_alpha_beta,
+                                 fit_elementwise)
 from models.flops import ATTENTION_BWD_PER_FWD, causal_attention_flops
 from calibration.rawlog import RawResult
 from models.profile import SCHEMA_VERSION, HardwareProfile, parse_profile
@@ -26,6 +27,11 @@ NEUTRAL_OVERHEADS = {  # not this calibration's job: fitted later from short rea
 
 class MissingMeasurements(RuntimeError):
     """Required measurements are absent or failed; the message lists them and the fix."""
+
+
+# The profile's key and the width's name for each width of an elementwise fit.
+_ELEMENTWISE_KEYS = {"hidden": "per_hidden", "kv_dim": "per_kv", "ffn": "per_ffn"}
+_WIDTH_NAMES = {"hidden": "the hidden size", "kv_dim": "the KV width", "ffn": "the FFN width"}
 
 
 def _q(value: float, unit: str, source: str) -> dict:
@@ -143,18 +149,25 @@ class ProfileBuilder:
     def layer_elementwise(self, bandwidth: float | None) -> dict | None:
         """`gpu.layer_elementwise`: the decoder layers' elementwise seconds fitted as effective bytes
         at `bandwidth`; the reference profile's where not measured here, else None (counted bytes)."""
-        rows = self.family("layer_elementwise")
-        if len(rows) < 3 or not bandwidth:
-            return self.from_ref("gpu.layer_elementwise", "not measured in this calibration")
-        fit = fit_layer_elementwise(rows, bandwidth)
+        return self._elementwise("layer_elementwise", DECODER_WIDTHS, "harness decoder block", "preset", bandwidth)
+
+    def vision_elementwise(self, bandwidth: float | None) -> dict | None:
+        """`gpu.vision_elementwise`: the same for a ViT block of the vision tower (two widths)."""
+        return self._elementwise("vision_elementwise", VISION_WIDTHS, "ViT block", "shape", bandwidth)
+
+    def _elementwise(self, family: str, widths: tuple[str, ...], block: str, name_key: str,
+                     bandwidth: float | None) -> dict | None:
+        rows = self.family(family)
+        if len(rows) < len(widths) or not bandwidth:
+            return self.from_ref(f"gpu.{family}", "not measured in this calibration")
+        fit = fit_elementwise(rows, bandwidth, widths)
         where = "measured on the CPU path" if self.cpu else "measured"
-        source = (f"{where}: torch.profiler time of the kernels that are neither GEMMs nor attention in one harness "
-                  f"decoder block's forward and backward, {len(rows)} layers ({', '.join(sorted({r['preset'] for r in rows}))}"
+        source = (f"{where}: torch.profiler time of the kernels that are neither GEMMs nor attention in one {block}'s "
+                  f"forward and backward, {len(rows)} blocks ({', '.join(sorted({r[name_key] for r in rows}))}"
                   f" at {', '.join(str(t) for t in sorted({r['tokens'] for r in rows}))} tokens), fitted as bytes per token over "
-                  f"{bandwidth / 1e12:.2f} TB/s (worst layer {fit.worst_error:.0%} off); raw in {self.raw_file}")
-        return {name: _q(getattr(fit, name), "bytes", f"{source}; per element of {width}")
-                for name, width in (("per_hidden", "the hidden size"), ("per_kv", "the KV width"),
-                                    ("per_ffn", "the FFN width"))}
+                  f"{bandwidth / 1e12:.2f} TB/s (worst block {fit.worst_error:.0%} off); raw in {self.raw_file}")
+        return {_ELEMENTWISE_KEYS[width]: _q(value, "bytes", f"{source}; per element of {_WIDTH_NAMES[width]}")
+                for width, value in fit.bytes_per_element.items()}
 
     # -- sections --------------------------------------------------------------------------
     def gpu(self) -> dict:
@@ -198,6 +211,7 @@ class ProfileBuilder:
             "hbm_bandwidth": hbm_q,
             "power_cap": cap,
             **({"layer_elementwise": layers} if (layers := self.layer_elementwise(bandwidth)) else {}),
+            **({"vision_elementwise": vit} if (vit := self.vision_elementwise(bandwidth)) else {}),
         }
 
     def host(self) -> dict:

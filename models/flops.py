@@ -37,7 +37,7 @@ import numpy as np
 from models.workload import Workload
 
 if TYPE_CHECKING:
-    from models.profile import LayerElementwise
+    from models.profile import LayerElementwise, VisionElementwise
 
 BF16 = 2  # bytes per element
 
@@ -182,9 +182,11 @@ def loss_bytes_per_vocab(w: Workload) -> tuple[float, float]:
 
 
 def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every,
-                    layer_elementwise: "LayerElementwise | None" = None) -> MicroStepWork:
+                    layer_elementwise: "LayerElementwise | None" = None,
+                    vision_elementwise: "VisionElementwise | None" = None) -> MicroStepWork:
     """FLOPs and bytes of one micro-step on one GPU; arguments may be arrays (one per strategy).
-    `layer_elementwise`: the profile's measured decoder-layer elementwise bytes, else the counted ones."""
+    `layer_elementwise`, `vision_elementwise`: the profile's measured elementwise bytes of a decoder
+    layer and of a ViT block, else the counted ones."""
     a = w.arch
     mb = np.asarray(micro_batch, dtype=float)
     sp_ = np.asarray(sp, dtype=float)
@@ -212,7 +214,7 @@ def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every,
         vis_elem_recompute_bytes=zeros, vis_checkpointed_layers=zeros,
     )
     if a.vision is not None and w.vision_groups:
-        vgemms, vis = _vision_work(w, mb, sp_, ck)
+        vgemms, vis = _vision_work(w, mb, sp_, ck, vision_elementwise)
         gemms += vgemms
     return MicroStepWork(
         tokens_per_gpu=t, gemms=tuple(gemms), attn_seq_len=w.seq_len, attn_head_dim=a.head_dim, attn_fwd_flops=attn_fwd,
@@ -221,7 +223,7 @@ def micro_step_work(w: Workload, micro_batch, sp, checkpoint_every,
     )
 
 
-def _vision_work(w: Workload, mb, sp_, ck) -> tuple[list[GemmClass], dict]:
+def _vision_work(w: Workload, mb, sp_, ck, measured: "VisionElementwise | None" = None) -> tuple[list[GemmClass], dict]:
     """The ViT and projector of one micro-step on one GPU.
 
     Frozen encoder: forward only (no weight gradients, and no input gradients because
@@ -253,10 +255,12 @@ def _vision_work(w: Workload, mb, sp_, ck) -> tuple[list[GemmClass], dict]:
 
     attn_fwd = groups * v.num_layers * 4.0 * p**2 * hv
     attn_rec = groups * n_ckpt * 4.0 * p**2 * hv
-    # per patch token and block: two LayerNorms (4hv each), GELU (read/write fv) or SwiGLU
-    # (read 2fv, write fv), two residual adds (6hv each); projector GELU (4 * hidden).
+    # Per patch token and block, where the profile measured a ViT block's kernels (`measured`): a third
+    # of their effective bytes (backward is counted as twice forward). Otherwise counted: two
+    # LayerNorms (4hv each), GELU (read/write fv) or SwiGLU (read 2fv, write fv), two residual adds
+    # (6hv each). The projector's GELU (4 * its hidden) is counted either way.
     act = 6 * fv if v.gated_mlp else 4 * fv
-    layer_b = 8 * hv + act + 12 * hv
+    layer_b = measured.bytes_per_token(hv, fv) / 3.0 if measured is not None else 8 * hv + act + 12 * hv
     elem_fwd = tv * v.num_layers * layer_b + tm * 4.0 * v.projector_hidden_size
     elem_bwd = (2.0 * tv * v.num_layers * layer_b if trained else zeros) + 2.0 * tm * 4.0 * v.projector_hidden_size
     vis = dict(

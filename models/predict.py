@@ -218,7 +218,8 @@ def predict_batch(workload: Workload, batch: StrategyBatch, profile: HardwarePro
     assert len({len(getattr(b, f.name)) for f in dataclasses.fields(StrategyBatch)}) == 1, "ragged batch"
     counts = count_params(workload)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        work = flops.micro_step_work(workload, b.micro_batch, b.sp, b.checkpoint_every, profile.gpu.layer_elementwise)
+        work = flops.micro_step_work(workload, b.micro_batch, b.sp, b.checkpoint_every, profile.gpu.layer_elementwise,
+                                     profile.gpu.vision_elementwise)
         mem = memory.estimate(workload, counts, work, b, profile)
         tm = timing.step_timing(workload, counts, work, mem, b, profile)
         en = energy_mod.step_energy(tm, b, profile)

@@ -128,6 +128,18 @@ class LayerElementwise(_Strict):
         return self.per_hidden.value * hidden + self.per_kv.value * kv_dim + self.per_ffn.value * ffn
 
 
+class VisionElementwise(_Strict):
+    """The same for one ViT block of the vision tower (LayerNorms, GELU, residuals, the QKV split's
+    layout copies), for each element of its two widths: a ViT has no KV width of its own (calibration
+    family vision_elementwise)."""
+
+    per_hidden: Bytes
+    per_ffn: Bytes
+
+    def bytes_per_token(self, hidden, ffn) -> float:
+        return self.per_hidden.value * hidden + self.per_ffn.value * ffn
+
+
 class GpuSpec(_Strict):
     name: str
     memory_gib: GiB
@@ -145,6 +157,8 @@ class GpuSpec(_Strict):
     # A decoder layer's elementwise kernels as measured; None (older profiles): the counted bytes
     # (models.flops), which on H200 were a sixth of their time.
     layer_elementwise: LayerElementwise | None = None
+    # A ViT block's, likewise; None: the counted bytes.
+    vision_elementwise: VisionElementwise | None = None
     power_cap: Watts
 
     def attention_rates(self, seq_len, head_dim) -> tuple[float, float]:
@@ -479,7 +493,9 @@ class HardwareProfile(_Strict):
 
 
 # Quantities whose zero means "absent" (said in their docstrings) although their unit is not a time.
-_MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank"}
+_MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank"} | {
+    f"gpu.{block}.{width}" for block in ("layer_elementwise", "vision_elementwise")
+    for width in ("per_hidden", "per_kv", "per_ffn")}  # a width that moves no bytes of its own
 # Fractions that are shares of a whole (the slowdowns and efficiencies may exceed 1: a collective
 # beside compute was measured 87-90% slower on H200).
 _SHARES = ("memory.fragmentation", "memory.fragmentation_checkpointed")

@@ -1,5 +1,5 @@
-"""A decoder layer's elementwise kernels: measured on the CPU path, fitted as effective bytes per
-width, merged into a profile, and used by the cost model in place of the counted bytes."""
+"""A decoder layer's and a ViT block's elementwise kernels: measured on the CPU path, fitted as effective
+bytes per width, merged into a profile, and used by the cost model in place of the counted bytes."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import pytest
 import torch
 from cal_helpers import env, gpu_results
 
-from calibration.fitting import fit_layer_elementwise
+from calibration.fitting import VISION_WIDTHS, fit_elementwise
 from calibration.merge import merged_profile
 from calibration.microbench.common import BenchContext, sizes_for
-from calibration.microbench.layer import bench_layer, kernel_class
+from calibration.microbench.layer import bench_layer, bench_vision_block, kernel_class
 from calibration.profile_writer import build_profile
 from calibration.rawlog import RawLog, RawResult
 from models.architecture import load_architecture
@@ -31,19 +31,19 @@ def layer_rows(per_hidden=650.0, per_kv=120.0, per_ffn=37.0):
 
 
 def test_the_fit_recovers_each_widths_bytes():
-    fit = fit_layer_elementwise(layer_rows(), BANDWIDTH)
-    assert (fit.per_hidden, fit.per_kv, fit.per_ffn) == pytest.approx((650.0, 120.0, 37.0), rel=1e-6)
+    fit = fit_elementwise(layer_rows(), BANDWIDTH)
+    assert fit.bytes_per_element == pytest.approx({"hidden": 650.0, "kv_dim": 120.0, "ffn": 37.0}, rel=1e-6)
     assert fit.worst_error < 1e-6
 
 
 def test_the_fit_needs_three_layers_and_keeps_bytes_non_negative():
     with pytest.raises(ValueError, match="at least 3"):
-        fit_layer_elementwise(layer_rows()[:2], BANDWIDTH)
+        fit_elementwise(layer_rows()[:2], BANDWIDTH)
     rows = layer_rows(per_kv=0.0)
     for r in rows:
         r["other_s"] *= 1.0 - 0.3 * r["kv_dim"] / r["hidden"]  # more KV, less time: unphysical
-    fit = fit_layer_elementwise(rows, BANDWIDTH)
-    assert min(fit.per_hidden, fit.per_kv, fit.per_ffn) >= 0.0
+    fit = fit_elementwise(rows, BANDWIDTH)
+    assert min(fit.bytes_per_element.values()) >= 0.0
 
 
 def test_kernels_are_classed_by_name():
@@ -51,6 +51,7 @@ def test_kernels_are_classed_by_name():
     assert kernel_class("aten::addmm") == "gemm"
     assert kernel_class("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma") == "attention"
     assert kernel_class("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>") == "other"
+    assert kernel_class("fmha_cutlassF_bf16_aligned_64x64_rf_sm80") == "attention"  # memory-efficient SDPA
 
 
 def test_the_cpu_path_times_every_class_of_a_harness_block():
@@ -58,6 +59,47 @@ def test_the_cpu_path_times_every_class_of_a_harness_block():
     row = bench_layer(ctx, "qwen2.5-0.5b", 64)
     assert (row["hidden"], row["kv_dim"], row["ffn"], row["tokens"]) == (64, 16, 320, 64)
     assert row["gemm_s"] > 0 and row["other_s"] > 0 and row["attention_s"] >= 0
+
+
+def test_the_cpu_path_times_a_vit_block_forward_and_backward_and_forward_alone():
+    ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
+    row = bench_vision_block(ctx, "vit-96", 2)
+    assert (row["hidden"], row["ffn"], row["tokens"]) == (96, 192, 32)
+    assert row["gemm_s"] > 0 and 0 < row["other_forward_s"] < row["other_s"]
+
+
+def vision_rows(per_hidden=900.0, per_ffn=60.0):
+    return [{"shape": f"v{h}-{f}", "tokens": t, "hidden": h, "ffn": f,
+             "other_s": t * (per_hidden * h + per_ffn * f) / BANDWIDTH}
+            for h, f in ((768, 3072), (1152, 4304), (768, 1536)) for t in (4096, 16384)]
+
+
+def test_a_vit_fit_has_two_widths_and_a_measured_tower_replaces_the_counted_bytes(tmp_path):
+    fit = fit_elementwise(vision_rows(), BANDWIDTH, VISION_WIDTHS)
+    assert fit.bytes_per_element == pytest.approx({"hidden": 900.0, "ffn": 60.0}, rel=1e-6)
+    raw = RawLog(tmp_path / "vit.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
+                                              "nodes": 1, "quick": False, "machine": "m"})
+    for row in vision_rows():
+        raw.append(RawResult(f"vision/{row['shape']}/t{row['tokens']}", "vision_elementwise", "ok", row, None, 1.0, "now"))
+    base = build_profile(env(), gpu_results(), name="node", raw_file="base.raw.jsonl")
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(base))
+    merged = parse_profile(merged_profile(raw.path, path))
+    vit = merged.gpu.vision_elementwise
+    assert vit.per_ffn.value == pytest.approx(60.0 * merged.gpu.hbm_bandwidth.value / BANDWIDTH, rel=1e-6)
+    assert merged.gpu.layer_elementwise is None  # only what the raw file measured is replaced
+
+    arch = load_architecture("qwen2.5-vl-7b")
+    v = arch.vision
+    w = Workload(arch, 8192, images=4, train_vision=True)
+    counted = micro_step_work(w, 1, 1, 0)
+    measured = micro_step_work(w, 1, 1, 0, None, vit)
+    tokens = 4 * v.patches_per_image()
+    counted_block = 20 * v.hidden_size + 4 * v.intermediate_size
+    extra = tokens * v.num_layers * (vit.bytes_per_token(v.hidden_size, v.intermediate_size) / 3 - counted_block)
+    np.testing.assert_allclose(measured.vis_elem_fwd_bytes - counted.vis_elem_fwd_bytes, extra, rtol=1e-9)
+    np.testing.assert_allclose(measured.vis_elem_bwd_bytes - counted.vis_elem_bwd_bytes, 2 * extra, rtol=1e-9)
+    np.testing.assert_allclose(measured.elem_fwd_bytes, counted.elem_fwd_bytes)  # the decoder's untouched
 
 
 def _raw_with_layers(tmp_path):
