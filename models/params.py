@@ -17,6 +17,11 @@ from models.workload import Workload
 LLM_MODULES_PER_LAYER = 9
 # One ViT block: q, k, v, out, fc1, fc2 (+ a gate projection when gated), two LayerNorms.
 VIT_MODULES_PER_LAYER = 8
+# Trainable parameter tensors, as the harness builds the model: a decoder block's nine modules have
+# a weight each (no biases); a ViT block's six (two LayerNorms, fused QKV, out, fc1, fc2; a gated MLP
+# doubles fc1's width, not its count) a weight and a bias each. ZeRO-1/2's step visits every one.
+LLM_TENSORS_PER_LAYER = 9
+VIT_TENSORS_PER_LAYER = 12
 
 
 def vit_layer_params(v: VisionEncoder) -> int:
@@ -51,6 +56,7 @@ class ParamCounts:
     modules_llm: int  # modules with parameters in the LLM (ZeRO-3 fetch/release hooks)
     modules_vision: int  # modules with parameters in the encoder and projector (0 when it gets no input)
     vision_active: bool  # the workload feeds the vision tower images or frames
+    tensors_trainable: int = 0  # parameter tensors with gradients (ZeRO-1/2's step visits each)
 
     @property
     def trainable(self) -> int:
@@ -85,6 +91,7 @@ def count_params(workload: Workload) -> ParamCounts:
     llm_modules = arch.num_layers * LLM_MODULES_PER_LAYER + 2 + (0 if arch.tie_embeddings else 1)
     largest = max(arch.vocab_size * h, h * arch.intermediate_size, h * h)
     enc = proj = vit_layer = vis_modules = 0
+    tensors = arch.num_layers * LLM_TENSORS_PER_LAYER + 2 + (0 if arch.tie_embeddings else 1)
     # A vision tower's weights (and the projector's optimizer state) exist whether or not this
     # workload feeds it; its hooks and gathers run only when it does.
     if v is not None:
@@ -94,6 +101,9 @@ def count_params(workload: Workload) -> ParamCounts:
         per_layer = VIT_MODULES_PER_LAYER + (1 if v.gated_mlp else 0)
         if workload.vision_groups:
             vis_modules = v.num_layers * per_layer + 2 + 2  # + patch embed, post-norm; projector's 2 linears
+        tensors += 4  # the projector's two linears, trained whether or not the encoder is
+        if workload.train_vision:
+            tensors += v.num_layers * VIT_TENSORS_PER_LAYER + 5  # + patch embed (2), position embedding, post-norm (2)
         largest = max(
             largest,
             v.hidden_size * v.intermediate_size,
@@ -111,4 +121,5 @@ def count_params(workload: Workload) -> ParamCounts:
         modules_llm=llm_modules,
         modules_vision=vis_modules,
         vision_active=bool(v is not None and workload.vision_groups),
+        tensors_trainable=tensors,
     )

@@ -334,7 +334,11 @@ class Overheads(_Strict):
     synchronous path's `offload_step_serial_per_gparam` is the part that does not speed up with
     threads (one Python thread), fitted from runs at 1 and 16 threads.
     `zero12_grad_hook` is ZeRO-1/2's Python hook per parameter tensor in each backward (it copies
-    the gradient into the reduction bucket), on the same host thread. `zero3_host_serial` is the
+    the gradient into the reduction bucket), on the same host thread. `zero12_step_per_tensor` is
+    ZeRO-1/2's step per trainable tensor without offload: its overflow check (amax, amin, isfinite,
+    ...), gradient norm and partition copy launch a handful of tiny kernels for each tensor, one after
+    another, so the step waits on the host (H200 step profiles, 2026-12-01: a trained ViT tower's 329
+    more tensors added about 80 ms to those functions). `zero3_host_serial` is the
     share of the shorter of host issue and GPU work that does not overlap under ZeRO-3 on several
     GPUs: the host waits on DeepSpeed's fetch and reduce events, so it cannot run ahead of the
     GPU (H200, 2026-11-30: qwen2.5-1.5b at 512 tokens, all host, took as long on 2 GPUs as on 1;
@@ -351,6 +355,8 @@ class Overheads(_Strict):
     zero3_module_pass: Seconds
     zero12_grad_hook: Seconds = Quantity(
         value=0.0, unit="s", source="not fitted: no ZeRO-1/2 runs (neutral value)")
+    zero12_step_per_tensor: Seconds = Quantity(
+        value=0.0, unit="s", source="not fitted: profile written before it was modelled (neutral value)")
     zero3_host_serial: Fraction = Quantity(
         value=0.0, unit="fraction", source="not fitted: no ZeRO-3 runs on several GPUs (neutral value)")
     offload_step_per_gparam: Seconds
@@ -358,8 +364,8 @@ class Overheads(_Strict):
         value=0.0, unit="s", source="not fitted: no offload runs at several thread counts (neutral value)")
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
-    # The host probe's issue time on the hosts `layer_pass`, `zero3_module_pass` and `zero12_grad_hook`
-    # describe (fitted: where the fit's runs without a probe ran): on a host whose probe reads otherwise
+    # The host probe's issue time on the hosts `layer_pass`, `zero3_module_pass`, `zero12_grad_hook` and
+    # `zero12_step_per_tensor` describe (fitted: where the fit's runs without a probe ran): on a host whose probe reads otherwise
     # (`HostSpec.issue_per_layer`) they scale with it.
     issue_fitted_at_per_layer: Seconds | None = None
 

@@ -189,6 +189,7 @@ class _Passes:
     forward_params: float
     backward_params: float
     recompute_params: np.ndarray
+    trainable_tensors: int  # what ZeRO-1/2's step visits one by one
 
     @classmethod
     def of(cls, counts: ParamCounts, work: MicroStepWork) -> "_Passes":
@@ -201,6 +202,7 @@ class _Passes:
             recompute_modules=n_ck * LLM_MODULES_PER_LAYER + nv_ck * (VIT_MODULES_PER_LAYER if vis_trained else 0),
             forward_params=float(counts.forward_params), backward_params=float(counts.backward_params),
             recompute_params=n_ck * counts.layer + nv_ck * counts.vit_layer,
+            trainable_tensors=counts.tensors_trainable,
         )
 
 
@@ -365,6 +367,10 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     offload_per_gparam = offload_per_gparam + np.where(b.super_offload, 0.0, ov.offload_step_serial_per_gparam.value)
     overhead = ov.step.value + ga * ov.micro_step.value + np.where(
         lay.optimizer_offload, offload_per_gparam * lay.offload_fraction * lay.trainable_per_rank / 1e9, 0.0)
+    # ZeRO-1/2's step visits every trainable tensor on the host, launching tiny kernels one by one
+    # (overflow check, norm, partition copy): host-bound, so it runs at the host's issue speed.
+    overhead = overhead + np.where(lay.z12 & ~lay.optimizer_offload,
+                                   profile.host_issue_scale * ov.zero12_step_per_tensor.value * ps.trainable_tensors, 0.0)
     # The host issues each layer's work asynchronously; when a micro-step's GPU work is
     # shorter than the host's issue time, the GPU waits for the host (small models, short
     # sequences): that wait is exposed, the rest of the issue time hides behind the GPU.

@@ -364,6 +364,29 @@ def test_zero12_gradient_hooks_are_host_issue_time():
     assert _phases(s, hooked, w)["deepspeed_overhead"] - _phases(s, plain, w)["deepspeed_overhead"] <= modules * 2e-4
 
 
+def test_zero12_step_visits_every_trainable_tensor_on_the_host():
+    """zero12_step_per_tensor: ZeRO-1/2's step without offload (overflow check, norm, partition copy
+    of every trainable tensor); a trained vision tower's tensors count, a frozen one's do not. ZeRO-3
+    and optimizer offload take other paths."""
+    base = {"overheads.zero12_step_per_tensor": 0.0}
+    plain, per_tensor = _with(base), _with({"overheads.zero12_step_per_tensor": 1e-4})
+    arch = load_architecture("qwen2.5-vl-7b")
+
+    def added(strategy, workload):
+        return (_phases(strategy, per_tensor, workload)["deepspeed_overhead"]
+                - _phases(strategy, plain, workload)["deepspeed_overhead"])
+
+    frozen, trained = (Workload(arch, 8192, images=4, train_vision=t) for t in (False, True))
+    z2 = Strategy(zero_stage=2)
+    scale = float(per_tensor.host_issue_scale)
+    assert added(z2, frozen) == pytest.approx(scale * 1e-4 * count_params(frozen).tensors_trainable)
+    assert count_params(trained).tensors_trainable - count_params(frozen).tensors_trainable == 27 * 12 + 5
+    assert added(z2, trained) > added(z2, frozen) > 0
+    assert added(Strategy(zero_stage=1), frozen) == pytest.approx(added(z2, frozen))
+    for other in (Strategy(zero_stage=3), Strategy(zero_stage=2, offload_optimizer="cpu"), Strategy(zero_stage=0)):
+        assert added(other, frozen) == 0.0, other.label()
+
+
 def test_collectives_use_the_bandwidth_measured_for_their_group_size(gh200):
     data = gh200.model_dump()
     ag = data["intra_node"]["all_gather"]
