@@ -1,4 +1,5 @@
-"""A decoder layer's kernels as measured, against the cost model's three ways of costing them.
+"""A decoder layer's kernels as measured, against the cost model's three ways of costing them; and a
+ViT block's elementwise kernels against their counted and their measured bytes.
 
     python benchmarks/layer_kernels.py [RAW.jsonl] [--json]
 
@@ -7,7 +8,9 @@ RAW is an `advisor calibrate --only layer_elementwise` raw file (default: the H2
 backward, torch.profiler) it prints the GEMMs against the profile's GEMM curve, the attention core
 against its curves, and the rest (norms, RoPE, activation, residuals, casts, copies) against the
 bytes counted from the ops and against the shipped profile's measured bytes (`gpu.layer_elementwise`),
-all at efficiency 1; and RAW's own fit. Runs anywhere: it reads measurements, it does not make them.
+all at efficiency 1; and RAW's own fit. Where RAW measured ViT blocks (`vision_elementwise`), a
+second table does the same for their elementwise kernels (`gpu.vision_elementwise`). Runs anywhere:
+it reads measurements, it does not make them.
 """
 from __future__ import annotations
 
@@ -22,10 +25,10 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from calibration.fitting import fit_elementwise  # noqa: E402
+from calibration.fitting import VISION_WIDTHS, fit_elementwise  # noqa: E402
 from calibration.rawlog import read_raw  # noqa: E402
 from models.architecture import load_architecture  # noqa: E402
-from models.flops import counted_layer_bytes_per_token, micro_step_work  # noqa: E402
+from models.flops import counted_layer_bytes_per_token, counted_vit_block_bytes_per_token, micro_step_work  # noqa: E402
 from models.profile import load_profile  # noqa: E402
 from models.workload import Workload  # noqa: E402
 
@@ -84,7 +87,29 @@ def main(argv=None) -> int:
     per = fit.bytes_per_element
     console.print(f"{args.raw.name}'s own fit: {per['hidden']:.0f} / {per['kv_dim']:.0f} / {per['ffn']:.0f} bytes per token per element of "
                   f"hidden / KV / FFN width, worst layer {fit.worst_error:.1%} off")
+    vit_rows = [r.data for r in results.values() if r.family == "vision_elementwise" and r.status == "ok"]
+    if len(vit_rows) >= len(VISION_WIDTHS):
+        print_vision(console, vit_rows, profile, args.raw.name)
     return 0
+
+
+def print_vision(console: Console, rows: list[dict], profile, raw_name: str) -> None:
+    """The ViT blocks' elementwise ms: measured, counted (models.flops's bytes), the profile's fit."""
+    bandwidth = profile.gpu.hbm_bandwidth.value
+    measured = profile.gpu.vision_elementwise
+    table = Table(title=f"One ViT block's elementwise kernels, forward + backward, ms ({raw_name})")
+    for col in ("block", "tokens", "measured", "forward alone", "counted bytes", "profile"):
+        table.add_column(col, justify="left" if col == "block" else "right")
+    for r in rows:
+        counted = 3.0 * r["tokens"] * counted_vit_block_bytes_per_token(r["hidden"], r["ffn"]) / bandwidth
+        shipped = (r["tokens"] * measured.bytes_per_token(r["hidden"], r["ffn"]) / bandwidth
+                   if measured is not None else None)
+        table.add_row(r["shape"], str(r["tokens"]), f"{r['other_s'] * 1e3:.2f}", f"{r['other_forward_s'] * 1e3:.2f}",
+                      f"{counted * 1e3:.2f}", "-" if shipped is None else f"{shipped * 1e3:.2f}")
+    console.print(table)
+    fit = fit_elementwise(rows, bandwidth, VISION_WIDTHS)
+    console.print(f"{raw_name}'s own ViT fit: {fit.bytes_per_element['hidden']:.0f} / {fit.bytes_per_element['ffn']:.0f} "
+                  f"bytes per patch token per element of hidden / FFN width, worst block {fit.worst_error:.1%} off")
 
 
 if __name__ == "__main__":

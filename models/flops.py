@@ -148,6 +148,14 @@ def counted_layer_bytes_per_token(a) -> float:
     return float(BF16 * (2 * 2 * h + 2 * (h + kv) + 3 * f + 2 * 3 * h))
 
 
+def counted_vit_block_bytes_per_token(hidden, ffn, gated_mlp=False) -> float:
+    """A ViT block's elementwise forward bytes per patch token as counted from its ops (bf16, fused):
+    two LayerNorms (4h each), GELU (read and write f) or SwiGLU (read 2f, write f), two residual
+    adds (6h each)."""
+    act = 6 * ffn if gated_mlp else 4 * ffn
+    return float(8 * hidden + act + 12 * hidden)
+
+
 def _llm_elementwise_bytes_per_token(w: Workload, measured: "LayerElementwise | None" = None) -> tuple[float, float]:
     """(per decoder layer, outside the layers) forward bytes per token.
 
@@ -256,11 +264,10 @@ def _vision_work(w: Workload, mb, sp_, ck, measured: "VisionElementwise | None" 
     attn_fwd = groups * v.num_layers * 4.0 * p**2 * hv
     attn_rec = groups * n_ckpt * 4.0 * p**2 * hv
     # Per patch token and block, where the profile measured a ViT block's kernels (`measured`): a third
-    # of their effective bytes (backward is counted as twice forward). Otherwise counted: two
-    # LayerNorms (4hv each), GELU (read/write fv) or SwiGLU (read 2fv, write fv), two residual adds
-    # (6hv each). The projector's GELU (4 * its hidden) is counted either way.
-    act = 6 * fv if v.gated_mlp else 4 * fv
-    layer_b = measured.bytes_per_token(hv, fv) / 3.0 if measured is not None else 8 * hv + act + 12 * hv
+    # of their effective bytes (backward is counted as twice forward); otherwise the counted bytes.
+    # The projector's GELU (4 * its hidden) is counted either way.
+    layer_b = (measured.bytes_per_token(hv, fv) / 3.0 if measured is not None
+               else counted_vit_block_bytes_per_token(hv, fv, v.gated_mlp))
     elem_fwd = tv * v.num_layers * layer_b + tm * 4.0 * v.projector_hidden_size
     elem_bwd = (2.0 * tv * v.num_layers * layer_b if trained else zeros) + 2.0 * tm * 4.0 * v.projector_hidden_size
     vis = dict(

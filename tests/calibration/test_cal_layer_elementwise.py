@@ -16,7 +16,7 @@ from calibration.microbench.layer import bench_layer, bench_vision_block, kernel
 from calibration.profile_writer import build_profile
 from calibration.rawlog import RawLog, RawResult
 from models.architecture import load_architecture
-from models.flops import counted_layer_bytes_per_token, micro_step_work
+from models.flops import counted_layer_bytes_per_token, counted_vit_block_bytes_per_token, micro_step_work
 from models.profile import parse_profile
 from models.workload import Workload
 
@@ -95,7 +95,7 @@ def test_a_vit_fit_has_two_widths_and_a_measured_tower_replaces_the_counted_byte
     counted = micro_step_work(w, 1, 1, 0)
     measured = micro_step_work(w, 1, 1, 0, None, vit)
     tokens = 4 * v.patches_per_image()
-    counted_block = 20 * v.hidden_size + 4 * v.intermediate_size
+    counted_block = counted_vit_block_bytes_per_token(v.hidden_size, v.intermediate_size)
     extra = tokens * v.num_layers * (vit.bytes_per_token(v.hidden_size, v.intermediate_size) / 3 - counted_block)
     np.testing.assert_allclose(measured.vis_elem_fwd_bytes - counted.vis_elem_fwd_bytes, extra, rtol=1e-9)
     np.testing.assert_allclose(measured.vis_elem_bwd_bytes - counted.vis_elem_bwd_bytes, 2 * extra, rtol=1e-9)
