@@ -56,18 +56,15 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
         if host.get(key):
             data["host"][key] = relabel(host[key], f"{raw_path.name}, on {header.get('device')}: ")
             merged.append(what)
-    if builder.family("layer_elementwise"):
-        layers = builder.layer_elementwise(base.gpu.hbm_bandwidth.value)
-        if layers is None:
-            raise ValueError(f"{raw_path}: fewer than 3 decoder layers measured (calibration family layer_elementwise)")
-        data["gpu"]["layer_elementwise"] = relabel(layers, f"on {header.get('device')}: ")
-        merged.append("the decoder layer's elementwise kernels")
-    if builder.family("vision_elementwise"):
-        blocks = builder.vision_elementwise(base.gpu.hbm_bandwidth.value)
-        if blocks is None:
-            raise ValueError(f"{raw_path}: fewer than 2 ViT blocks measured (calibration family vision_elementwise)")
-        data["gpu"]["vision_elementwise"] = relabel(blocks, f"on {header.get('device')}: ")
-        merged.append("the ViT block's elementwise kernels")
+    for family, fit_of, least, what in (
+            ("layer_elementwise", builder.layer_elementwise, "3 decoder layers", "the decoder layer's elementwise kernels"),
+            ("vision_elementwise", builder.vision_elementwise, "2 ViT blocks", "the ViT block's elementwise kernels")):
+        if builder.family(family):
+            fitted = fit_of(base.gpu.hbm_bandwidth.value)
+            if fitted is None:
+                raise ValueError(f"{raw_path}: fewer than {least} measured (calibration family {family})")
+            data["gpu"][family] = relabel(fitted, f"on {header.get('device')}: ")
+            merged.append(what)
     ratios = builder.head_dim_ratios("measured")
     for key, curve in ratios.items():
         data["gpu"][key] = relabel(curve, f"{raw_path.name}, on {header.get('device')}: ")
