@@ -338,7 +338,7 @@ class Overheads(_Strict):
     ZeRO-1/2's step per trainable tensor without offload: its overflow check (amax, amin, isfinite,
     ...), gradient norm and partition copy launch a handful of tiny kernels for each tensor, one after
     another, so the step waits on the host (H200 step profiles, 2026-12-01: a trained ViT tower's 329
-    more tensors added about 80 ms to those functions). `zero3_host_serial` is the
+    more tensors added about 86 ms to those functions under cProfile). `zero3_host_serial` is the
     share of the shorter of host issue and GPU work that does not overlap under ZeRO-3 on several
     GPUs: the host waits on DeepSpeed's fetch and reduce events, so it cannot run ahead of the
     GPU (H200, 2026-11-30: qwen2.5-1.5b at 512 tokens, all host, took as long on 2 GPUs as on 1;
