@@ -83,11 +83,15 @@ def test_ctrl_c_ends_in_one_line_and_keeps_what_was_measured(tmp_path):
 
     out = tmp_path / "cpu.json"
     raw = tmp_path / "cpu.raw.jsonl"
+    # Started as from a terminal, Ctrl-C at its default: a SIGINT ignored by the test process (an
+    # earlier test's library may leave it so) would be inherited and the run would never see it.
     proc = subprocess.Popen([sys.executable, "-m", "calibration.calibrate", "--quick", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not raw.exists() or len(raw.read_text().splitlines()) < 4):
         time.sleep(0.2)
+    assert proc.poll() is None, "the calibration ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-2000:]
