@@ -17,10 +17,9 @@ from models.workload import Workload
 LLM_MODULES_PER_LAYER = 9
 # One ViT block: q, k, v, out, fc1, fc2 (+ a gate projection when gated), two LayerNorms.
 VIT_MODULES_PER_LAYER = 8
-# Trainable parameter tensors, as the harness builds the model: a decoder block's nine modules have
-# a weight each (no biases); a ViT block's six (two LayerNorms, fused QKV, out, fc1, fc2; a gated MLP
-# doubles fc1's width, not its count) a weight and a bias each. ZeRO-1/2's step visits every one.
-LLM_TENSORS_PER_LAYER = 9
+# Trainable parameter tensors of a ViT block as the harness builds it: six modules (two LayerNorms,
+# fused QKV, out, fc1, fc2; a gated MLP doubles fc1's width, not its count), a weight and a bias each.
+# The decoder's modules have a weight each and no bias: its tensors are its modules.
 VIT_TENSORS_PER_LAYER = 12
 
 
@@ -56,7 +55,7 @@ class ParamCounts:
     modules_llm: int  # modules with parameters in the LLM (ZeRO-3 fetch/release hooks)
     modules_vision: int  # modules with parameters in the encoder and projector (0 when it gets no input)
     vision_active: bool  # the workload feeds the vision tower images or frames
-    tensors_trainable: int  # parameter tensors with gradients (ZeRO-1/2's step visits each)
+    trainable_tensors: int  # parameter tensors with gradients (ZeRO-1/2's step visits each)
 
     @property
     def trainable(self) -> int:
@@ -91,7 +90,7 @@ def count_params(workload: Workload) -> ParamCounts:
     llm_modules = arch.num_layers * LLM_MODULES_PER_LAYER + 2 + (0 if arch.tie_embeddings else 1)
     largest = max(arch.vocab_size * h, h * arch.intermediate_size, h * h)
     enc = proj = vit_layer = vis_modules = 0
-    tensors = arch.num_layers * LLM_TENSORS_PER_LAYER + 2 + (0 if arch.tie_embeddings else 1)
+    tensors = llm_modules  # one weight each
     # A vision tower's weights (and the projector's optimizer state) exist whether or not this
     # workload feeds it; its hooks and gathers run only when it does.
     if v is not None:
@@ -121,5 +120,5 @@ def count_params(workload: Workload) -> ParamCounts:
         modules_llm=llm_modules,
         modules_vision=vis_modules,
         vision_active=bool(v is not None and workload.vision_groups),
-        tensors_trainable=tensors,
+        trainable_tensors=tensors,
     )

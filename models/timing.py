@@ -202,7 +202,7 @@ class _Passes:
             recompute_modules=n_ck * LLM_MODULES_PER_LAYER + nv_ck * (VIT_MODULES_PER_LAYER if vis_trained else 0),
             forward_params=float(counts.forward_params), backward_params=float(counts.backward_params),
             recompute_params=n_ck * counts.layer + nv_ck * counts.vit_layer,
-            trainable_tensors=counts.tensors_trainable,
+            trainable_tensors=counts.trainable_tensors,
         )
 
 
