@@ -26,7 +26,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from calibration.fitting import VISION_WIDTHS, fit_elementwise  # noqa: E402
-from calibration.rawlog import read_raw  # noqa: E402
+from calibration.rawlog import RawLogMismatch, read_raw  # noqa: E402
 from models.architecture import load_architecture  # noqa: E402
 from models.flops import counted_layer_bytes_per_token, counted_vit_block_bytes_per_token, micro_step_work  # noqa: E402
 from models.profile import load_profile  # noqa: E402
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     except OSError as exc:
         print(f"layer_kernels: {exc}", file=sys.stderr)
         return 2
-    except ValueError as exc:
+    except (ValueError, RawLogMismatch) as exc:
         print(f"layer_kernels: {args.raw} is not a calibration raw file ({exc})", file=sys.stderr)
         return 2
     rows = [r.data for r in results.values() if r.family == "layer_elementwise" and r.status == "ok"]
