@@ -93,6 +93,7 @@ TIME_PARAMETERS = (
     FitParameter("overheads.zero3_module_pass", 0.0, 5e-3, 1e-4, "time"),
     FitParameter("overheads.zero12_grad_hook", 0.0, 1e-3, 3e-5, "time"),
     FitParameter("overheads.zero12_step_per_tensor", 0.0, 2e-3, 1e-4, "time"),
+    FitParameter("overheads.step_per_tensor", 0.0, 2e-3, 1e-4, "time"),
     FitParameter("overheads.zero3_host_serial", 0.0, 1.0, 0.3, "time"),
     FitParameter("overheads.offload_step_per_gparam", 0.0, 10.0, 0.5, "time"),
     FitParameter("overheads.offload_step_serial_per_gparam", 0.0, 10.0, 0.05, "time"),

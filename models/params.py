@@ -55,7 +55,7 @@ class ParamCounts:
     modules_llm: int  # modules with parameters in the LLM (ZeRO-3 fetch/release hooks)
     modules_vision: int  # modules with parameters in the encoder and projector (0 when it gets no input)
     vision_active: bool  # the workload feeds the vision tower images or frames
-    trainable_tensors: int  # parameter tensors with gradients (ZeRO-1/2's step visits each)
+    trainable_tensors: int  # parameter tensors with gradients (a step outside ZeRO-3 visits each)
 
     @property
     def trainable(self) -> int:

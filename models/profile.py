@@ -338,12 +338,15 @@ class Overheads(_Strict):
     ZeRO-1/2's step per trainable tensor without offload: its overflow check (amax, amin, isfinite,
     ...), gradient norm and partition copy launch a handful of tiny kernels for each tensor, one after
     another, so the step waits on the host (H200 step profiles, 2026-12-01: a trained ViT tower's 329
-    more tensors added about 86 ms to those functions under cProfile). `zero3_host_serial` is the
+    more tensors added about 86 ms to those functions under cProfile). `step_per_tensor` is what every
+    step outside ZeRO-3 and offload pays per trainable tensor before that (ZeRO-0's BF16 optimizer too:
+    per-tensor norms, clipping and copies): on H200, a 256-wide decoder's step grew by about 190 us a
+    tensor from 6 to 24 layers at ZeRO-0, where the fixed `step` had been fitted to 35 ms. `zero3_host_serial` is the
     share of the shorter of host issue and GPU work that does not overlap under ZeRO-3 on several
     GPUs: the host waits on DeepSpeed's fetch and reduce events, so it cannot run ahead of the
     GPU (H200, 2026-11-30: qwen2.5-1.5b at 512 tokens, all host, took as long on 2 GPUs as on 1;
     at 8k, host and GPU near equal, 35% longer). Both are zero, their defaults, until fitted.
-    `issue_fitted_at_per_layer` ties the three issue constants to a host speed (see
+    `issue_fitted_at_per_layer` ties the issue constants to a host speed (see
     `HardwareProfile.host_issue_scale`). `compute_efficiency` scales the calibrated GEMM and memory-bound
     rates to what a training step gets; attention is not scaled (`GpuSpec.attention_rates`: the
     calibration times the kernel training calls, at the run's sequence and head dim).
@@ -357,6 +360,8 @@ class Overheads(_Strict):
         value=0.0, unit="s", source="not fitted: no ZeRO-1/2 runs (neutral value)")
     zero12_step_per_tensor: Seconds = Quantity(
         value=0.0, unit="s", source="not fitted: profile written before it was modelled (neutral value)")
+    step_per_tensor: Seconds = Quantity(
+        value=0.0, unit="s", source="not fitted: profile written before it was modelled (neutral value)")
     zero3_host_serial: Fraction = Quantity(
         value=0.0, unit="fraction", source="not fitted: no ZeRO-3 runs on several GPUs (neutral value)")
     offload_step_per_gparam: Seconds
@@ -364,8 +369,8 @@ class Overheads(_Strict):
         value=0.0, unit="s", source="not fitted: no offload runs at several thread counts (neutral value)")
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
-    # The host probe's issue time on the hosts `layer_pass`, `zero3_module_pass`, `zero12_grad_hook` and
-    # `zero12_step_per_tensor` describe (fitted: where the fit's runs without a probe ran): on a host whose probe reads otherwise
+    # The host probe's issue time on the hosts `layer_pass`, `zero3_module_pass`, `zero12_grad_hook`,
+    # `zero12_step_per_tensor` and `step_per_tensor` describe (fitted: where the fit's runs without a probe ran): on a host whose probe reads otherwise
     # (`HostSpec.issue_per_layer`) they scale with it.
     issue_fitted_at_per_layer: Seconds | None = None
 

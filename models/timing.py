@@ -189,7 +189,7 @@ class _Passes:
     forward_params: float
     backward_params: float
     recompute_params: np.ndarray
-    trainable_tensors: int  # what ZeRO-1/2's step visits one by one
+    trainable_tensors: int  # what a step outside ZeRO-3 visits one by one
 
     @classmethod
     def of(cls, counts: ParamCounts, work: MicroStepWork) -> "_Passes":
@@ -367,10 +367,12 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     offload_per_gparam = offload_per_gparam + np.where(b.super_offload, 0.0, ov.offload_step_serial_per_gparam.value)
     overhead = ov.step.value + ga * ov.micro_step.value + np.where(
         lay.optimizer_offload, offload_per_gparam * lay.offload_fraction * lay.trainable_per_rank / 1e9, 0.0)
-    # ZeRO-1/2's step visits every trainable tensor on the host, launching tiny kernels one by one
-    # (overflow check, norm, partition copy): host-bound, so it runs at the host's issue speed.
-    overhead = overhead + np.where(lay.z12 & ~lay.optimizer_offload,
-                                   profile.host_issue_scale * ov.zero12_step_per_tensor.value * ps.trainable_tensors, 0.0)
+    # A step outside ZeRO-3 and offload visits every trainable tensor on the host, launching tiny
+    # kernels one by one (norms, clipping, copies; ZeRO-1/2's overflow check and partition copy
+    # besides): host-bound, so it runs at the host's issue speed.
+    per_tensor = (np.where(~lay.z3 & ~lay.optimizer_offload, ov.step_per_tensor.value, 0.0)
+                  + np.where(lay.z12 & ~lay.optimizer_offload, ov.zero12_step_per_tensor.value, 0.0))
+    overhead = overhead + profile.host_issue_scale * per_tensor * ps.trainable_tensors
     # The host issues each layer's work asynchronously; when a micro-step's GPU work is
     # shorter than the host's issue time, the GPU waits for the host (small models, short
     # sequences): that wait is exposed, the rest of the issue time hides behind the GPU.

@@ -37,7 +37,8 @@ TRUE_VALUES = {
 
 
 NEUTRAL_OVERHEADS = {f"overheads.{k}": 0.0 for k in (
-    "step", "micro_step", "layer_pass", "zero3_module_pass", "zero12_grad_hook", "zero12_step_per_tensor", "zero3_host_serial",
+    "step", "micro_step", "layer_pass", "zero3_module_pass", "zero12_grad_hook", "zero12_step_per_tensor", "step_per_tensor",
+    "zero3_host_serial",
     "offload_step_per_gparam", "super_offload_step_per_gparam")}
 # Where every fit starts, whatever the shipped gh200 holds: efficiencies 1, early overlap figures,
 # datasheet-era powers (W).

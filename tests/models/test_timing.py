@@ -21,8 +21,9 @@ P7 = count_params(W7).trainable
 # The formulas below are checked by hand on gh200 at unit efficiencies, each collective one
 # alpha-beta pair whatever the group size, and host copies at one rate whatever their size.
 FLAT_LINK = {"x_unit": "bytes", "y_unit": "bytes/s", "x": [1.0], "y": [386e9], "source": "a flat link for the tests"}
-# ZeRO-1/2's step per tensor off unless a test turns it on: the formulas leave it out.
+# The steps per tensor off unless a test turns them on: the formulas leave them out.
 PLAIN = {"overheads.compute_efficiency": 1.0, "overheads.zero12_step_per_tensor": 0.0,
+         "overheads.step_per_tensor": 0.0,
          "host.h2d": FLAT_LINK, "host.d2h": FLAT_LINK,
          **{f"{net}.{op}.by_group_size": [] for net in ("intra_node", "inter_node")
             for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")}}
@@ -386,6 +387,33 @@ def test_zero12_step_visits_every_trainable_tensor_on_the_host():
     assert added(Strategy(zero_stage=1), frozen) == pytest.approx(added(z2, frozen))
     for other in (Strategy(zero_stage=3), Strategy(zero_stage=2, offload_optimizer="cpu"), Strategy(zero_stage=0)):
         assert added(other, frozen) == 0.0, other.label()
+
+
+def test_every_step_outside_zero3_visits_every_trainable_tensor_on_the_host():
+    """step_per_tensor: ZeRO-0's BF16 optimizer and ZeRO-1/2's step alike walk each trainable
+    tensor, at the host's issue speed; ZeRO-1/2 pay their own per-tensor work on top. ZeRO-3 steps
+    flat partitions and offload steps on the CPU: neither pays it."""
+    anchor = {"overheads.issue_fitted_at_per_layer": 100e-6}
+    plain, per_tensor = _with(anchor), _with({**anchor, "overheads.step_per_tensor": 2e-4})
+    both = _with({**anchor, "overheads.step_per_tensor": 2e-4, "overheads.zero12_step_per_tensor": 1e-4})
+    w = Workload(load_architecture("qwen2.5-0.5b"), 1024)
+    tensors = count_params(w).trainable_tensors
+    scale = float(per_tensor.host_issue_scale)
+
+    def added(strategy, profile):
+        return (_phases(strategy, profile, w)["deepspeed_overhead"]
+                - _phases(strategy, plain, w)["deepspeed_overhead"])
+
+    for stage in (0, 1, 2):
+        assert added(Strategy(zero_stage=stage), per_tensor) == pytest.approx(scale * 2e-4 * tensors), stage
+    assert added(Strategy(zero_stage=2), both) == pytest.approx(scale * 3e-4 * tensors)
+    assert added(Strategy(zero_stage=0), both) == pytest.approx(scale * 2e-4 * tensors)
+    for other in (Strategy(zero_stage=3), Strategy(zero_stage=2, offload_optimizer="cpu")):
+        assert added(other, per_tensor) == 0.0, other.label()
+    slower_host, slower_plain = per_tensor.on_host(200e-6), plain.on_host(200e-6)  # twice the anchor's time
+    z0 = Strategy(zero_stage=0)
+    assert (_phases(z0, slower_host, w)["deepspeed_overhead"] - _phases(z0, slower_plain, w)["deepspeed_overhead"]
+            == pytest.approx(2 * 2e-4 * tensors))
 
 
 def test_collectives_use_the_bandwidth_measured_for_their_group_size(gh200):
