@@ -366,6 +366,22 @@ def test_zero12_gradient_hooks_are_host_issue_time():
     assert _phases(s, hooked, w)["deepspeed_overhead"] - _phases(s, plain, w)["deepspeed_overhead"] <= modules * 2e-4
 
 
+def test_zero1_hooks_work_only_at_the_accumulation_boundary():
+    """ZeRO-2's hooks reduce every micro-step's gradients, ZeRO-1's only the last micro-step's: at
+    four micro-batches of a host-bound step, ZeRO-1 pays the hooks once and ZeRO-2 four times."""
+    base = {"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 1e-3}
+    plain, hooked = _with(base), _with(dict(base, **{"overheads.zero12_grad_hook": 2e-4}))
+    w = Workload(load_architecture("qwen2.5-0.5b"), 512)
+
+    def hooks_s(stage, grad_accum):
+        s = Strategy(zero_stage=stage, grad_accum=grad_accum)
+        return _phases(s, hooked, w)["deepspeed_overhead"] - _phases(s, plain, w)["deepspeed_overhead"]
+
+    assert hooks_s(1, 1) == pytest.approx(hooks_s(2, 1))
+    assert hooks_s(1, 4) == pytest.approx(hooks_s(1, 1))
+    assert hooks_s(2, 4) == pytest.approx(4 * hooks_s(2, 1))
+
+
 def test_zero12_step_visits_every_trainable_tensor_on_the_host():
     """zero12_step_per_tensor: ZeRO-1/2's step without offload (overflow check, norm, partition copy
     of every trainable tensor); a trained vision tower's tensors count, a frozen one's do not. ZeRO-3
