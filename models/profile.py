@@ -334,7 +334,8 @@ class Overheads(_Strict):
     synchronous path's `offload_step_serial_per_gparam` is the part that does not speed up with
     threads (one Python thread), fitted from runs at 1 and 16 threads.
     `zero12_grad_hook` is ZeRO-1/2's Python hook per parameter tensor in each backward (it copies
-    the gradient into the reduction bucket), on the same host thread. `zero12_step_per_tensor` is
+    the gradient into the reduction bucket), on the same host thread; ZeRO-1's does that work only in
+    the backward that ends the accumulation. `zero12_step_per_tensor` is
     ZeRO-1/2's step per trainable tensor without offload: its overflow check (amax, amin, isfinite,
     ...), gradient norm and partition copy launch a handful of tiny kernels for each tensor, one after
     another, so the step waits on the host (H200 step profiles, 2026-12-01: a trained ViT tower's 329
