@@ -387,20 +387,17 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # accumulation boundary and do nearly nothing before it (stage_1_and_2.py
     # `reduce_ready_partitions_and_remove_grads`; on H200, TinyLlama 1k at four micro-batches took
     # 0.36 s under ZeRO-1 and 0.68 s under ZeRO-2, at one micro-batch 0.20 and 0.19 s).
-    hooks_last = np.where(lay.z12, ps.backward_modules, 0.0)
-    hooks_normal = np.where(lay.zero_stage == 2, ps.backward_modules, 0.0)
-
-    def host_issue(hooks):
-        return profile.host_issue_scale * (ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value
-                                           + hooks * ov.zero12_grad_hook.value)
-
+    scale = profile.host_issue_scale
+    issue = scale * (ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value)
+    hooks = scale * ps.backward_modules * ov.zero12_grad_hook.value
+    issue_normal = issue + np.where(lay.zero_stage == 2, hooks, 0.0)
+    issue_last = issue + np.where(lay.z12, hooks, 0.0)
     serial = np.where(lay.z3 & (b.gpus > 1), ov.zero3_host_serial.value, 0.0)
 
     def exposed(gpu_s, host_s):
         return _host_wait(host_s, gpu_s) + serial * np.minimum(host_s, gpu_s)
 
-    return (overhead + (ga - 1.0) * exposed(normal_gpu_s, host_issue(hooks_normal))
-            + exposed(last_gpu_s, host_issue(hooks_last)))
+    return overhead + (ga - 1.0) * exposed(normal_gpu_s, issue_normal) + exposed(last_gpu_s, issue_last)
 
 
 def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
