@@ -3,14 +3,16 @@
 CPU offload's step time follows the host's CPU optimizer, and a host-bound step its single-thread
 issue speed. Lent 2x H200 hosts of one kind ran the same offload step up to 1.8x apart, and one
 ZeRO-3 step 1.5x apart (2026-12-01, data/runs/README.md), so a profile calibrated on one host
-mispredicts another. The harness probes both on every rank before each run
-(`calibration.harness.host_probe`); this compares them with the profile's for the same threads
+mispredicts another. The harness probes both on every rank before each run, and the issue time again after its
+measured window (`calibration.harness.host_probe`); this compares them with the profile's for the same threads
 and ranks, and says how to calibrate the host when they differ.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+
+from runs.record import probed_issue_us
 
 # A step whose predicted time is at least this share DeepSpeed's overheads and the host's issue time
 # (kernel launches, autograd, ZeRO hooks) follows the host's single-thread speed.
@@ -76,7 +78,7 @@ def _cpu_optimizer_check(host_probe: dict, strategy, profile) -> HostCheck | Non
 
 def _issue_check(host_probe: dict, profile) -> HostCheck | None:
     """Every probed run: host-bound steps (small models, short contexts, ZeRO-3 hooks) follow it."""
-    measured_us, expected = host_probe.get("issue_us_per_layer"), profile.host.issue_per_layer
+    measured_us, expected = probed_issue_us(host_probe), profile.host.issue_per_layer
     if not measured_us or expected is None:
         return None
     return HostCheck(profile.name, "issue time", 1e6 / measured_us, 1.0 / expected.value,

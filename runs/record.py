@@ -30,6 +30,17 @@ def relative_sem(step_times_s: list[float]) -> float:
     return statistics.stdev(step_times_s) / statistics.fmean(step_times_s) / math.sqrt(len(step_times_s))
 
 
+def probed_issue_us(host_probe: dict | None) -> float | None:
+    """The host's issue time over a run (us a layer): the geometric mean of the probes before and after
+    its measured window where both ran, else the one before; None where it was not probed. A host-bound
+    step follows its host over the window, and one lent host's probe read 1.5x apart within a call."""
+    before = (host_probe or {}).get("issue_us_per_layer")
+    after = (host_probe or {}).get("issue_us_per_layer_after")
+    if before and after:
+        return math.sqrt(before * after)
+    return before or None
+
+
 @dataclass(frozen=True)
 class RunResult:
     status: str  # ok | oom | crash | timeout

@@ -10,7 +10,9 @@ the host's speed is known, so each run records two host rates beside its result:
   optimizer or the op is already built (building it costs a minute; a run that does not use
   it does not pay for it). Taken after the issue time: OpenMP workers that still spin after a
   CPUAdam step slowed the issue time by up to 20% (benchmarks/host_probe.py).
-All ranks probe together, as they would contend in training.
+All ranks probe together, as they would contend in training. The issue time is taken again after
+the measured window (`reprobe_issue`): one lent host's probe read 1.5x apart within one call, and
+a host-bound step follows the host over its window, not only before it.
 """
 from __future__ import annotations
 
@@ -74,13 +76,27 @@ def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
     return HostProbe(issue_us_per_layer=issue, cpu_adam_params_per_s=adam, threads=threads, failed="; ".join(failed))
 
 
-def combine(per_rank: list[dict]) -> dict:
+def reprobe_issue(device, sync) -> float | None:
+    """This rank's issue time again, after the measured window; None where it fails (it never costs
+    the run its result)."""
+    from calibration.microbench.cpu import issue_us_per_layer
+
+    try:
+        return issue_us_per_layer(device, sync)
+    except Exception:  # noqa: BLE001 - the run keeps the probe taken before
+        return None
+
+
+def combine(per_rank: list[dict], issue_after_per_rank: list[float | None] | None = None) -> dict:
     """The job's host probe: the slowest rank's rates (a step waits for it), and each rank's; a rate
-    that any rank could not measure is None."""
+    that any rank could not measure is None. `issue_us_per_layer_after` is the slowest rank's issue
+    time after the measured window, where every rank took it."""
     adam = [r["cpu_adam_params_per_s"] for r in per_rank]
     issue = [r["issue_us_per_layer"] for r in per_rank]
+    after = issue_after_per_rank or [None]
     return {
         "issue_us_per_layer": None if any(i is None for i in issue) else max(issue),
+        "issue_us_per_layer_after": None if any(a is None for a in after) else max(after),
         "cpu_adam_params_per_s": None if any(a is None for a in adam) else min(adam),
         "threads": per_rank[0]["threads"],
         "per_rank": per_rank,

@@ -220,12 +220,14 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     if traced:
         memory_trace.write_summary(memory_trace.summary_name(rank), trace_baseline)
 
+    issue_after = host_probe.reprobe_issue(device, sync)  # before the profilers: they would slow it
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
                                torch.cuda.max_memory_reserved() if cuda else None, host_memory.read(), host_baseline)
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing
         step_profile.profile_steps(step, sync, rank == 0, "step_profile.json", cuda)
-    everyone = [None] * world
+    everyone, issues_after = [None] * world, [None] * world
     dist.all_gather_object(everyone, mine)
+    dist.all_gather_object(issues_after, issue_after)
     optimizer_names = (type(engine.basic_optimizer).__name__, type(engine.optimizer).__name__)
     engine.destroy()
     timeline.mark("gathered")
@@ -241,7 +243,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         loss_first=losses[0],
         loss_last=losses[-1],
         cpu_threads_per_rank=torch.get_num_threads(),
-        host_probe=host_probe.combine(probes),
+        host_probe=host_probe.combine(probes, issues_after),
         config_adjustments=adjustments,
         timeline_s=timeline.marks,
         layout={

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from calibration.harness.host_probe import combine
+from calibration.harness.host_probe import combine, reprobe_issue
 from calibration.microbench.cpu import issue_us_per_layer
+from runs.record import probed_issue_us
 
 
 def test_the_job_takes_its_slowest_rank():
@@ -38,3 +39,30 @@ def test_a_probe_that_fails_is_recorded_and_the_run_goes_on(monkeypatch):
     assert probe.issue_us_per_layer is None and "RuntimeError: no launch" in probe.failed
     assert probe.cpu_adam_params_per_s is None  # no GPU: not probed, not failed
     assert combine([probe.to_dict(), {**probe.to_dict(), "issue_us_per_layer": 30.0}])["issue_us_per_layer"] is None
+
+
+def test_the_issue_time_after_the_window_is_the_slowest_ranks_and_unknown_if_any_rank_lacks_it():
+    ranks = [{"issue_us_per_layer": 30.0, "cpu_adam_params_per_s": None, "threads": 16}] * 2
+    assert combine(ranks, [50.0, 40.0])["issue_us_per_layer_after"] == 50.0
+    assert combine(ranks, [50.0, None])["issue_us_per_layer_after"] is None
+    assert combine(ranks)["issue_us_per_layer_after"] is None  # records from before the second probe
+
+
+def test_a_run_is_taken_at_the_geometric_mean_of_its_probes_before_and_after_the_window():
+    assert probed_issue_us({"issue_us_per_layer": 100.0, "issue_us_per_layer_after": 400.0}) == 200.0
+    assert probed_issue_us({"issue_us_per_layer": 100.0, "issue_us_per_layer_after": None}) == 100.0
+    assert probed_issue_us({"issue_us_per_layer": 100.0}) == 100.0  # a record from before the second probe
+    assert probed_issue_us({"issue_us_per_layer": None, "issue_us_per_layer_after": 90.0}) is None
+    assert probed_issue_us(None) is None
+
+
+def test_a_second_probe_that_fails_leaves_the_first(monkeypatch):
+    import calibration.microbench.cpu as cpu
+
+    assert reprobe_issue(torch.device("cpu"), lambda: None) > 0
+
+    def broken(device, sync):
+        raise RuntimeError("no launch")
+
+    monkeypatch.setattr(cpu, "issue_us_per_layer", broken)
+    assert reprobe_issue(torch.device("cpu"), lambda: None) is None

@@ -28,6 +28,7 @@ def check_measured(result: RunResult, steps: int, world: int):
     assert result.wall_s > result.timeline_s["measured"] - result.timeline_s["main"]
     probe = result.host_probe  # every rank probed its host; CPUAdam is not probed without a GPU
     assert len(probe["per_rank"]) == world and 0 < probe["issue_us_per_layer"] < 1e5
+    assert 0 < probe["issue_us_per_layer_after"] < 1e5  # and again after the window
     assert probe["cpu_adam_params_per_s"] is None and probe["threads"] == result.cpu_threads_per_rank
 
 
