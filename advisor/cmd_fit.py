@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import click
@@ -72,8 +73,10 @@ def _runs_summary(run_set) -> dict:
 @click.option("--prior-strength", "prior_text", default="cv", show_default=True,
               help="How strongly constants stay at their starting values: a number, or 'cv' to pick "
                    "0.001, 0.01 or 0.1 by 5-fold cross-validation.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Processes for the leave-one-out refits (default: one a core).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def fit(run_paths, store_path, profile, out_path, loo, prior_text, as_json):
+def fit(run_paths, store_path, profile, out_path, loo, prior_text, jobs, as_json):
     """Fit the profile's efficiency, overlap, overhead and power constants to measured runs and
     write the refined profile; print leave-one-out error per strategy family, and write the 90%
     prediction band those errors give beside the profile (PROFILE.band.json)."""
@@ -84,7 +87,8 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, as_json):
 
     prior = _prior(prior_text)
     run_set = _run_set(run_paths, store_path)
-    done = refit(run_set.runs, load_profile(profile), prior, loo=loo, data_note=_sources(run_paths, store_path))
+    done = refit(run_set.runs, load_profile(profile), prior, loo=loo, data_note=_sources(run_paths, store_path),
+                 jobs=jobs or os.cpu_count() or 1)
     model, base, report = done.model, done.base, done.report
     out = Path(out_path)
     _write_profile(model.profile_, out)

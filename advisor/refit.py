@@ -45,9 +45,9 @@ class PriorError(ValueError):
 
 
 def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str = "cv", loo: bool = True,
-          data_note: str = "") -> Refit:
+          data_note: str = "", jobs: int = 1) -> Refit:
     """Fit `profile`'s constants (from its pre-fit values) to `runs`; with `loo`, refit without each
-    run in turn, report the held-out errors and make the band from them."""
+    run in turn (in `jobs` processes), report the held-out errors and make the band from them."""
     base = prefit_profile(profile)
     scores: dict[float, float] = {}
     if prior == "cv":
@@ -64,7 +64,7 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     model = ProfileFit(prior_strength=strength, data_note=note).fit(runs, base)
     if not loo:
         return Refit(model, base, strength, scores, None, None, None)
-    held = leave_one_out(runs, base, estimator=model, full_fit=model)
+    held = leave_one_out(runs, base, estimator=model, full_fit=model, jobs=jobs)
     report = accuracy_report(compare_held_out(held), "leave-one-out", base.describe())
     return Refit(model, base, strength, scores, held, report, band_of(held, model.profile_))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from joblib import Parallel, delayed
 
 from models.fit import MeasuredRun, ProfileFit, prefit_profile, with_values
 from models.predict import predict
@@ -26,8 +27,8 @@ class HeldOutPrediction:
 
 
 def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit | None = None,
-                  full_fit: ProfileFit | None = None, max_nfev: int | None = None, tol: float = 1e-5
-                  ) -> list[HeldOutPrediction]:
+                  full_fit: ProfileFit | None = None, max_nfev: int | None = None, tol: float = 1e-5,
+                  jobs: int = 1) -> list[HeldOutPrediction]:
     """Refit without each run in turn and predict it: the honest estimate of error on new runs.
 
     Each refit starts the optimizer from the full fit's values (the prior stays centred on
@@ -35,7 +36,8 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
     dozen real runs, one run can move a constant far (tests/fit compares with cold refits).
     Which constants a fold's runs inform comes from one probe of all runs at the full fit's
     values, less the held-out run: a family measured once is predicted, when held out, with
-    the constants it alone informed at their starting values."""
+    the constants it alone informed at their starting values. The refits are independent: `jobs`
+    processes share them (joblib; -1: one a core)."""
     base_profile = prefit_profile(base_profile)
     settings = (estimator or ProfileFit()).get_params()
     if full_fit is None:
@@ -44,16 +46,21 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
     fold_model = ProfileFit(**settings)
     warm = {name: f.value for name, f in full_fit.parameters_.items()}
     effects = fold_model.effects(runs, with_values(base_profile, warm))
-    out = []
-    for i, held in enumerate(runs):
-        others = runs[:i] + runs[i + 1:]
-        model_profile = base_profile
-        if others:
-            informed = {name for name, e in effects.items() if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
-            model_profile = fold_model.fit(others, base_profile, warm_start=warm, informed=informed).profile_
-        p = predict(held.workload, held.strategy, held.on_its_host(model_profile))
-        out.append(HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile))
-    return out
+    informed = [{name for name, e in effects.items() if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
+                for i in range(len(runs))]
+    folds = (delayed(_held_out_fold)(runs, i, base_profile, settings, warm, informed[i]) for i in range(len(runs)))
+    return Parallel(n_jobs=jobs)(folds)
+
+
+def _held_out_fold(runs: list[MeasuredRun], i: int, base_profile: HardwareProfile, settings: dict,
+                   warm: dict[str, float], informed: set[str]) -> HeldOutPrediction:
+    """Run `i` predicted by a profile fitted to the others (one fold, for a worker of its own)."""
+    held, others = runs[i], runs[:i] + runs[i + 1:]
+    model_profile = base_profile
+    if others:
+        model_profile = ProfileFit(**settings).fit(others, base_profile, warm_start=warm, informed=informed).profile_
+    p = predict(held.workload, held.strategy, held.on_its_host(model_profile))
+    return HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile)
 
 
 PRIOR_GRID = (1e-3, 1e-2, 1e-1)

@@ -31,6 +31,14 @@ def test_loo_error_is_small_on_a_well_covered_machine(held, small_runs):
     assert np.median(np.abs(energy_err)) < 0.02
 
 
+def test_folds_shared_among_processes_give_what_one_process_gives(small_runs, base, small_fit, held):
+    """The refits are independent: two worker processes return the same folds, in run order."""
+    shared = leave_one_out(small_runs, base, full_fit=small_fit, jobs=2)
+    assert [h.run.run_id for h in shared] == [h.run.run_id for h in held]
+    assert [h.step_time_s for h in shared] == pytest.approx([h.step_time_s for h in held], rel=1e-9)
+    assert [h.gpu_energy_j for h in shared] == pytest.approx([h.gpu_energy_j for h in held], rel=1e-9)
+
+
 def test_held_out_run_never_informs_its_own_fold(held):
     for h in held:
         assert h.profile.provenance.kind == "fitted"
