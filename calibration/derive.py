@@ -157,15 +157,20 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
              for op in NETWORK_OPS}
     extra_w = sheet.module_host_idle.value if sheet.nvml_scope == "module" else 0.0
     cap = sheet.power_cap.value
-    gpu_power = {}
-    for phase, q in ref["power"]["gpu"].items():
+    def derived_watts(q: dict) -> dict:
         watts = min(cap, q["value"] + extra_w)
         rule = f"from {origin}: {q['value']:.0f} W"
         if extra_w:
             rule += f" + the CPU's idle {extra_w:.0f} W inside the module meter ({sheet.module_host_idle.source})"
         if watts == cap:
             rule += f", capped at {cap:.0f} W"
-        gpu_power[phase] = dict(q, value=watts, source=f"{rule}; there: {q['source']}")
+        return dict(q, value=watts, source=f"{rule}; there: {q['source']}")
+
+    gpu_power = {phase: derived_watts(q) for phase, q in ref["power"]["gpu"].items() if phase != "wait_decay"}
+    decay = ref["power"]["gpu"].get("wait_decay")
+    if decay is not None:  # how fast the power falls after work: no datasheet figure, the reference's own
+        gpu_power["wait_decay"] = {"hot": derived_watts(decay["hot"]), "decay_s": dict(
+            decay["decay_s"], source=f"from {origin} (no datasheet figure); there: {decay['decay_s']['source']}")}
     power = {
         "gpu": gpu_power,
         "cpu": {"idle": datasheet(sheet.cpu_idle), "optimizer": datasheet(sheet.cpu_optimizer), "measured": False,

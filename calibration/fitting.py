@@ -146,3 +146,43 @@ def fit_elementwise(rows: list[dict], bandwidth: float, widths: tuple[str, ...] 
     coef = lsq_linear(a / t[:, None], np.ones(len(rows)), bounds=(0.0, np.inf)).x
     worst = float(np.max(np.abs(a @ coef / t - 1.0)))
     return ElementwiseFit(dict(zip(widths, (float(c) for c in coef))), worst_error=worst)
+
+
+@dataclass(frozen=True)
+class WaitDecayFit:
+    hot_w: float
+    decay_s: float
+    gaps: int  # sleep lengths fitted
+
+
+def gap_power_w(series: list[dict]) -> list[tuple[float, float, float]]:
+    """(gap seconds as slept, average GPU power through the gaps, the window's busy over idle seconds)
+    of each window with gaps: its energy less the bursts', at the power of the window without gaps."""
+    solid = next(s for s in series if s["gap_s"] == 0)
+    busy_w = solid["gpu_energy_j"] / solid["time_s"]
+    out = []
+    for s in series:
+        idle_s = s["time_s"] - s["busy_s"]
+        if s["gap_s"] > 0 and idle_s > 0:
+            out.append((idle_s / s["cycles"], (s["gpu_energy_j"] - busy_w * s["busy_s"]) / idle_s, s["busy_s"] / idle_s))
+    return out
+
+
+def fit_wait_decay(series: list[dict], wait_w: float) -> WaitDecayFit:
+    """`hot_w` and `decay_s` of wait + (hot - wait) * (decay / g) * (1 - exp(-g / decay)) over the
+    gaps g of a `wait_decay` calibration (models.profile.WaitDecay). A window's gap power is
+    uncertain in proportion to its busy over its idle seconds (the bursts' power's error is spread
+    over the gaps), so that ratio weighs it."""
+    from scipy.optimize import curve_fit
+
+    points = gap_power_w(series)
+    if len(points) < 3:
+        raise ValueError(f"the wait decay needs at least 3 gap lengths, got {len(points)}")
+    g, w, busy_per_idle = (np.array(v, dtype=float) for v in zip(*points))
+
+    def model(gap, hot, decay):
+        return wait_w + (hot - wait_w) * decay / gap * -np.expm1(-gap / decay)
+
+    (hot, decay), _ = curve_fit(model, g, w, p0=(max(w.max(), wait_w + 1.0), float(np.median(g))),
+                                sigma=busy_per_idle, bounds=([wait_w, 1e-4], [np.inf, 10.0]))
+    return WaitDecayFit(hot_w=float(hot), decay_s=float(decay), gaps=len(g))

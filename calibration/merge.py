@@ -7,7 +7,8 @@ this keeps every other constant (and its fit) and replaces what RAW measured. Co
 intra-node alpha-beta constants at each group size (2, 4, 8 ...), the node-wide group as the
 headline values. The CPU optimizer on all cores: `host.cpu_adam` and `host.cores`; against threads:
 `host.cpu_adam_threads`; the parameter refresh
-against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; the host's issue
+against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; the GPU's power
+through waits after dense work: `power.gpu.wait_decay` (toward the profile's `wait`); the host's issue
 time: `host.issue_per_layer` (the issue constants then scale with it); attention at
 head dims besides 128: `gpu.attention_{fwd,bwd}_head_dim_ratio`; a decoder layer's elementwise
 kernels: `gpu.layer_elementwise`, and a ViT block's: `gpu.vision_elementwise` (both at the profile's HBM
@@ -65,6 +66,10 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
                 raise ValueError(f"{raw_path}: fewer than {least} measured (calibration family {family})")
             data["gpu"][family] = relabel(fitted, f"on {header.get('device')}: ")
             merged.append(what)
+    if builder.family("wait_decay"):
+        decay = builder.wait_decay(base.power.gpu.wait.value)
+        data["power"]["gpu"]["wait_decay"] = relabel(decay, f"{raw_path.name}, on {header.get('device')}: ")
+        merged.append("the GPU's power through waits after dense work")
     ratios = builder.head_dim_ratios("measured")
     for key, curve in ratios.items():
         data["gpu"][key] = relabel(curve, f"{raw_path.name}, on {header.get('device')}: ")
@@ -72,7 +77,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
         merged.append("attention's rate against head dim")
     if not merged:
         raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, CPUAdam or the "
-                         "parameter refresh against threads, the host's issue time, attention at two head dims, "
+                         "parameter refresh against threads, the host's issue time, the wait decay, attention at two head dims, "
                          "decoder layers' or ViT blocks' elementwise kernels)")
     data["provenance"]["notes"] += (f" {'; '.join(merged).capitalize()} replaced by those measured in {raw_path.name} "
                                     f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "
@@ -84,7 +89,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads, "
-                               "param_refresh, host_issue, attention, layer_elementwise, vision_elementwise) run")
+                               "param_refresh, host_issue, wait_decay, attention, layer_elementwise, vision_elementwise) run")
     p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
     p.add_argument("--out", help="where to write (default: over --into when it is a path)")
     args = p.parse_args(argv)

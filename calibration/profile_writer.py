@@ -12,7 +12,7 @@ from statistics import median
 
 from calibration.cpu_power import estimate_cpu_power
 from calibration.fitting import (COLLECTIVE_OPS, DECODER_WIDTHS, VISION_WIDTHS, bus_factor, build_curve, fit_alpha_beta,
-                                 fit_elementwise)
+                                 fit_elementwise, fit_wait_decay)
 from models.flops import ATTENTION_BWD_PER_FWD, causal_attention_flops
 from calibration.rawlog import RawResult
 from models.profile import SCHEMA_VERSION, HardwareProfile, parse_profile
@@ -393,6 +393,10 @@ class ProfileBuilder:
         gpu = {"idle": gpu_phase("idle"), "wait": gpu_phase("wait"), "compute": gpu_phase("dense_compute"),
                "memory_bound": gpu_phase("memory_bound"), "collective": gpu_phase("collective"),
                "host_copy": gpu_phase("host_copy"), "overlap": gpu_phase("overlap")}
+        decay = (self.wait_decay(gpu["wait"]["value"]) if gpu["wait"] and not self.cpu else None) or \
+            self.from_ref("power.gpu.wait_decay", "not measured here")
+        if decay is not None:  # absent, the model's waits draw `wait` (models.profile.GpuPower)
+            gpu["wait_decay"] = decay
         idle, wait = phases.get("idle", {}), phases.get("wait", {})
         if idle.get("cpu_power_w") is not None and wait.get("cpu_power_w") is not None:
             sensor = idle["cpu_meter"]
@@ -404,6 +408,17 @@ class ProfileBuilder:
                    "optimizer": _q(est.busy_w, "W", f"absent sensor; {est.basis}"),
                    "measured": False, "sensor": "absent"}
         return {"gpu": gpu, "cpu": cpu, "nvml_scope": self.env.get("nvml_scope", "gpu")}
+
+    def wait_decay(self, wait_w: float) -> dict | None:
+        """The GPU's power after dense work (family wait_decay), fitted over its gaps toward `wait_w`;
+        None where not measured."""
+        rows = self.family("wait_decay")
+        if not rows:
+            return None
+        fit = fit_wait_decay(rows[0]["series"], wait_w)
+        source = (f"measured: NVML energy counter through gaps of {fit.gaps} lengths after "
+                  f"{rows[0]['burst_s'] * 1e3:.0f} ms bf16 GEMM bursts, fitted toward power.gpu.wait ({wait_w:.0f} W)")
+        return {"hot": _q(fit.hot_w, "W", source), "decay_s": _q(fit.decay_s, "s", source)}
 
     def memory(self) -> dict:
         rows = self.family("memory")

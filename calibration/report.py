@@ -63,8 +63,13 @@ def summary_table(profile: dict) -> Table:
                   c["bus_bandwidth"]["source"][:90])
     for k, q in profile["overlap"].items():
         row(k, q, "")
+    decay = p["gpu"].get("wait_decay")
     for k, q in p["gpu"].items():
-        row(f"GPU power {k}", q, "")
+        if k != "wait_decay":
+            row(f"GPU power {k}", q, "")
+    if decay:
+        t.add_row("GPU power after work", f"{decay['hot']['value']:.0f} W, falling in "
+                  f"{decay['decay_s']['value'] * 1e3:.0f} ms", decay["hot"]["source"][:90])
     row("CPU power idle", p["cpu"]["idle"], "")
     row("CPU power optimizer", p["cpu"]["optimizer"], "")
     return t

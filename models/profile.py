@@ -296,8 +296,20 @@ class Overlap(_Strict):
     collective_slowdown_with_compute: Fraction
 
 
+class WaitDecay(_Strict):
+    """How a GPU's power falls after dense work stops: not at once to `wait`, but from `hot` toward it
+    with time constant `decay_s`, so that a wait of g seconds right after such work draws on average
+    wait + (hot - wait) * (decay_s / g) * (1 - exp(-g / decay_s)). On H200 a GEMM burst's gaps of
+    5-20 ms drew about 500 W, of 100 ms 300 W and of 500 ms 170 W, against 126 W idle (2026-12-01);
+    a host-bound step's tiny kernels kept it at 125 W. Measured (calibration family `wait_decay`)."""
+
+    hot: Watts
+    decay_s: Seconds
+
+
 class GpuPower(_Strict):
-    """Average GPU board power in each phase."""
+    """Average GPU board power in each phase. `wait_decay` is None in profiles written before it was
+    measured: their waits draw `wait` however short."""
 
     idle: Watts
     wait: Watts
@@ -306,6 +318,7 @@ class GpuPower(_Strict):
     collective: Watts
     host_copy: Watts
     overlap: Watts
+    wait_decay: WaitDecay | None = None
 
 
 class CpuPower(_Strict):
@@ -457,10 +470,15 @@ class HardwareProfile(_Strict):
         idle, cap = self.power.gpu.idle.value, self.gpu.power_cap.value
         if idle > cap:
             raise ValueError(f"power.gpu.idle: {idle} W is above gpu.power_cap {cap} W")
-        for phase in GpuPower.model_fields:
-            watts = getattr(self.power.gpu, phase).value
-            if not idle <= watts <= cap:
-                raise ValueError(f"power.gpu.{phase}: {watts} W must lie between idle ({idle} W) and the cap ({cap} W)")
+        gp = self.power.gpu
+        watts = {phase: getattr(gp, phase).value for phase in GpuPower.model_fields if phase != "wait_decay"}
+        if gp.wait_decay is not None:
+            watts["wait_decay.hot"] = gp.wait_decay.hot.value
+            if gp.wait_decay.decay_s.value <= 0:
+                raise ValueError(f"power.gpu.wait_decay.decay_s: must be positive (s), got {gp.wait_decay.decay_s.value}")
+        for phase, w in watts.items():
+            if not idle <= w <= cap:
+                raise ValueError(f"power.gpu.{phase}: {w} W must lie between idle ({idle} W) and the cap ({cap} W)")
         if self.power.cpu.optimizer.value < self.power.cpu.idle.value:
             raise ValueError(f"power.cpu.optimizer: {self.power.cpu.optimizer.value} W is below power.cpu.idle "
                              f"({self.power.cpu.idle.value} W)")

@@ -147,6 +147,10 @@ class StepTiming:
     step_time_s: np.ndarray
     overlapped_compute_s: np.ndarray  # compute seconds that ran beside communication (overlap power)
     cpu_optimizer_busy_s: np.ndarray  # CPU busy time of the optimizer, hidden or not
+    # The part of deepspeed_overhead that is the GPU waiting on the host between one kernel and the
+    # next (the host's issue time, ZeRO-3's events): waits of well under a millisecond each, where
+    # the rest of it is waits of the whole step's overhead at once.
+    host_issue_wait_s: np.ndarray
 
 
 def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.ndarray]:
@@ -345,9 +349,9 @@ def _optimizer(profile: HardwareProfile, b: StrategyBatch, lay: Layout, last_bac
 
 
 def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, b: StrategyBatch, lay: Layout,
-                          profile: HardwareProfile, normal_gpu_s, last_gpu_s) -> np.ndarray:
-    """DeepSpeed's fixed per-step and per-micro-step costs, its host-side offload work, and the
-    host's issue time where it outlasts the GPU's work."""
+                          profile: HardwareProfile, normal_gpu_s, last_gpu_s) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSpeed's fixed per-step and per-micro-step costs and its host-side offload work; and apart,
+    the host's issue time where it outlasts the GPU's work."""
     ov = profile.overheads
     ga = b.grad_accum.astype(float)
     per_node = profile.gpus_per_node.value
@@ -397,7 +401,7 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     def exposed(gpu_s, host_s):
         return _host_wait(host_s, gpu_s) + serial * np.minimum(host_s, gpu_s)
 
-    return overhead + (ga - 1.0) * exposed(normal_gpu_s, issue_normal) + exposed(last_gpu_s, issue_last)
+    return overhead, (ga - 1.0) * exposed(normal_gpu_s, issue_normal) + exposed(last_gpu_s, issue_last)
 
 
 def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
@@ -427,7 +431,7 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     opt = _optimizer(profile, b, lay, c_b + wbl.extra)
     normal_gpu = c_f + c_b + wf.extra + wbn.extra
     last_gpu = c_f + c_b + wf.extra + wbl.extra
-    overhead = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, normal_gpu, last_gpu)
+    step_overhead, issue_wait = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, normal_gpu, last_gpu)
 
     phases = {
         "compute": ga * (ct["gemm_f"] + ct["gemm_b"]) + z,
@@ -442,7 +446,7 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
         + ga * ckpt_copy,
         "cpu_optimizer": opt.cpu_exposed_s + refresh.cast_s + z,
         "overlap_contention": ga * wf.contention + normal * wbn.contention + wbl.contention,
-        "deepspeed_overhead": overhead + z,
+        "deepspeed_overhead": step_overhead + issue_wait + z,
         "vision_compute": ga * (ct["vgemm_f"] + ct["vgemm_b"] + ct["vattn_f"] + ct["vattn_b"]
                                 + ct["velem_f"] + ct["velem_b"]) + z,
         "vision_recompute": ga * vrec,
@@ -451,4 +455,4 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     step = sum(phases.values())
     overlapped = ga * wf.overlapped_compute + normal * wbn.overlapped_compute + wbl.overlapped_compute
     return StepTiming(phase_time_s=phases, step_time_s=step, overlapped_compute_s=overlapped,
-                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cpu_busy_s + z)
+                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cpu_busy_s + z, host_issue_wait_s=issue_wait + z)

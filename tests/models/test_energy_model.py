@@ -6,7 +6,7 @@ import pytest
 from cost_model_helpers import profile_with
 
 from models.architecture import load_architecture
-from models.energy import PHASE_POWER, step_energy
+from models.energy import PHASE_POWER, step_energy, wait_power_w
 from models.predict import predict
 from models.strategy import Strategy, StrategyBatch
 from models.timing import PHASES, StepTiming
@@ -22,8 +22,9 @@ def _cpu_busy_s(p) -> float:
     return per_rank * 4 / p.host.cpu_adam.value + per_rank / float(p.host.param_cast_rate(p.host.default_threads_per_rank(4)))
 
 
-def _gpu_scope(measured: bool = False):
-    return profile_with({"power.nvml_scope": "gpu", "power.cpu.measured": measured})
+def _gpu_scope(measured: bool = False, wait_decay: dict | None = None):
+    """Waits at `wait` power however short unless `wait_decay` is given: the sums below are then exact."""
+    return profile_with({"power.nvml_scope": "gpu", "power.cpu.measured": measured, "power.gpu.wait_decay": wait_decay})
 
 
 def test_gpu_scope_energy_is_phase_time_times_phase_power_plus_host_cpu():
@@ -67,7 +68,7 @@ def test_compute_beside_communication_draws_overlap_power():
     phases["compute"] = np.array([10.0])
     phases["overlap_contention"] = np.array([1.0])
     t = StepTiming(phase_time_s=phases, step_time_s=np.array([11.0]), overlapped_compute_s=np.array([4.0]),
-                   cpu_optimizer_busy_s=np.array([0.0]))
+                   cpu_optimizer_busy_s=np.array([0.0]), host_issue_wait_s=np.array([0.0]))
     b = StrategyBatch.from_strategies([Strategy(gpus=2, gpus_per_node=2)])
     e = step_energy(t, b, p)
     g = p.power.gpu
@@ -89,10 +90,48 @@ def test_the_cpu_optimizers_extra_draw_is_that_of_the_cores_its_threads_keep_bus
     phases = {name: np.array([0.0, 0.0]) for name in PHASES}
     phases["cpu_optimizer"] = np.array([3.0, 3.0])
     t = StepTiming(phase_time_s=phases, step_time_s=np.array([3.0, 3.0]), overlapped_compute_s=np.zeros(2),
-                   cpu_optimizer_busy_s=np.array([3.0, 3.0]))
+                   cpu_optimizer_busy_s=np.array([3.0, 3.0]), host_issue_wait_s=np.zeros(2))
     b = StrategyBatch.from_strategies([Strategy(gpus=2, gpus_per_node=2, cpu_threads_per_rank=1),
                                        Strategy(gpus=2, gpus_per_node=2)])
     extra = step_energy(t, b, p).cpu_energy_j - 3.0 * cw.idle.value
     all_cores = 3.0 * (cw.optimizer.value - cw.idle.value)
     assert extra[1] == pytest.approx(all_cores)
     assert extra[0] == pytest.approx(all_cores * 2 / cores)
+
+
+DECAY = {"hot": {"value": 500.0, "unit": "W", "source": "test"}, "decay_s": {"value": 0.05, "unit": "s", "source": "test"}}
+
+
+def test_a_wait_right_after_dense_work_draws_the_hot_power_decaying_toward_wait():
+    p = _gpu_scope(wait_decay=DECAY)
+    wait = p.power.gpu.wait.value
+    at = lambda share, s: float(wait_power_w(p, np.array(share), np.array(s)))  # noqa: E731
+    assert at(1.0, 0.0) == pytest.approx(500.0)  # between kernels
+    assert at(1.0, 0.05) == pytest.approx(wait + (500.0 - wait) * (1 - np.exp(-1.0)))  # one time constant
+    assert at(1.0, 0.001) > at(1.0, 0.05) > at(1.0, 5.0) > wait
+    assert at(1.0, 50.0) == pytest.approx(wait, rel=0.01)  # a long wait is an idle
+    assert at(0.0, 0.0) == pytest.approx(wait)  # nothing dense before it: nothing to cool from
+    assert at(0.5, 0.0) == pytest.approx((wait + 500.0) / 2)
+    assert float(wait_power_w(_gpu_scope(), np.array(1.0), np.array(0.0))) == wait  # not measured: wait
+
+
+def test_the_waits_of_a_gpu_bound_step_cost_more_than_those_of_a_host_bound_one():
+    """The same second of waiting between kernels costs near the hot power in a step that is mostly
+    dense compute, and idle power in one that is all host; a wait of the whole step's overhead at
+    once costs in between."""
+    p = _gpu_scope(wait_decay=DECAY)
+    wait = p.power.gpu.wait.value
+
+    def overhead_j(compute_s, issue_wait_s, step_wait_s):
+        phases = {name: np.array([0.0]) for name in PHASES}
+        phases["compute"] = np.array([compute_s])
+        phases["deepspeed_overhead"] = np.array([issue_wait_s + step_wait_s])
+        t = StepTiming(phase_time_s=phases, step_time_s=np.array([compute_s + issue_wait_s + step_wait_s]),
+                       overlapped_compute_s=np.zeros(1), cpu_optimizer_busy_s=np.zeros(1),
+                       host_issue_wait_s=np.array([issue_wait_s]))
+        b = StrategyBatch.from_strategies([Strategy(gpus=1, gpus_per_node=2)])
+        return float(step_energy(t, b, p).phase_gpu_energy_j["deepspeed_overhead"][0])
+
+    assert overhead_j(9.0, 1.0, 0.0) == pytest.approx(wait + 0.9 * (500.0 - wait))
+    assert overhead_j(0.0, 1.0, 0.0) == pytest.approx(wait)
+    assert wait < overhead_j(9.0, 0.0, 1.0) < overhead_j(9.0, 1.0, 0.0)
