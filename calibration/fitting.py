@@ -170,19 +170,22 @@ def gap_power_w(series: list[dict]) -> list[tuple[float, float, float]]:
 
 def fit_wait_decay(series: list[dict], wait_w: float) -> WaitDecayFit:
     """`hot_w` and `decay_s` of wait + (hot - wait) * (decay / g) * (1 - exp(-g / decay)) over the
-    gaps g of a `wait_decay` calibration (models.profile.WaitDecay). A window's gap power is
-    uncertain in proportion to its busy over its idle seconds (the bursts' power's error is spread
-    over the gaps), so that ratio weighs it."""
+    gaps g of a `wait_decay` calibration (models.profile.WaitDecay). `hot_w` is the power of the
+    window without gaps: through gaps of 5-10 ms the GPU drew what it drew busy (H200, 2026-12-01),
+    and with `hot_w` free the fit put it above the power cap. A window's gap power is uncertain in
+    proportion to its busy over its idle seconds (the bursts' power's error is spread over the gaps),
+    so that ratio weighs it."""
     from scipy.optimize import curve_fit
 
     points = gap_power_w(series)
     if len(points) < 3:
         raise ValueError(f"the wait decay needs at least 3 gap lengths, got {len(points)}")
     g, w, busy_per_idle = (np.array(v, dtype=float) for v in zip(*points))
+    solid = next(s for s in series if s["gap_s"] == 0)
+    hot = max(solid["gpu_energy_j"] / solid["time_s"], wait_w)
 
-    def model(gap, hot, decay):
+    def model(gap, decay):
         return wait_w + (hot - wait_w) * decay / gap * -np.expm1(-gap / decay)
 
-    (hot, decay), _ = curve_fit(model, g, w, p0=(max(w.max(), wait_w + 1.0), float(np.median(g))),
-                                sigma=busy_per_idle, bounds=([wait_w, 1e-4], [np.inf, 10.0]))
+    (decay,), _ = curve_fit(model, g, w, p0=(float(np.median(g)),), sigma=busy_per_idle, bounds=([1e-4], [10.0]))
     return WaitDecayFit(hot_w=float(hot), decay_s=float(decay), gaps=len(g))

@@ -11,13 +11,14 @@ CPU energy: each node's host draws `power.cpu.idle` all step, and while the CPU 
 one thread a rank under torchrun's default runs the optimizer many times longer, on one core,
 not on all of them. It is an estimate unless the profile says a sensor measured it.
 
-Waiting is not idling. After dense work the GPU's power decays toward `wait` over tens of
-milliseconds (`power.gpu.wait_decay`, measured), so a step's waits draw more than a long idle: the
-GPU waiting on the host between one kernel and the next (well under a millisecond a wait) draws the
-hot power, the step's overhead and the CPU optimizer (each one wait a step) its average over their
-length. How hot the GPU is when a wait starts is taken as its share of the step in dense work (the
-phases at compute, memory-bound or overlap power): a host-bound step's tiny kernels leave it at idle
-(H200: 125 W through steps of a 256-wide decoder).
+Waiting is not idling. After dense work the GPU's power falls toward `wait` over tens of
+milliseconds (`power.gpu.wait_decay`, measured: on H200 it drew its busy power through gaps of 5-10
+ms and fell with a 31 ms time constant), so the waits a step has once (DeepSpeed's step overhead,
+the CPU optimizer) draw the average of that fall over their length, from a start as hot as the
+micro-steps were dense (their share of time in the phases at compute, memory-bound or overlap
+power). The waits between one kernel and the next (the host's issue time) draw `wait`: host-bound
+steps of small kernels stayed at idle power (H200: 125 W through steps of a 256-wide decoder, and
+host-bound 1k-token steps were over-predicted by up to 31% when these waits were charged hot too).
 
 When the GPU meter reads module power (`power.nvml_scope == "module"`, GH200), the
 profile's GPU figures already include the CPU and its memory at rest, and the CPU
@@ -51,13 +52,13 @@ PHASE_POWER = {
     "deepspeed_overhead": "wait",
 }
 assert set(PHASE_POWER) == set(PHASES)
-# The powers of dense work: the GPU's share of the step in them sets how hot its waits start.
+# The powers of dense work: the micro-steps' share of time in them sets how hot the step's waits start.
 HOT_POWERS = ("compute", "memory_bound", "overlap")
 
 
 def wait_power_w(profile: HardwareProfile, hot_share, wait_s) -> np.ndarray:
-    """Average GPU power through waits of `wait_s` seconds each (0: between kernels) that start
-    `hot_share` of the way from `wait` to the measured hot power (see the module docstring)."""
+    """Average GPU power through a wait of `wait_s` seconds that starts `hot_share` of the way from
+    `wait` to the measured hot power (see the module docstring)."""
     gp = profile.power.gpu
     wait_w = gp.wait.value
     if gp.wait_decay is None:
@@ -94,13 +95,12 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
 
     busy_cores = np.minimum(cpu_threads(b, profile) * b.ranks_per_node, profile.host.cores.value)
     cpu_extra_w = max(cp.optimizer.value - cp.idle.value, 0.0) * busy_cores / profile.host.cores.value  # per node
-    step_s = np.maximum(timing.step_time_s, 1e-12)
-    hot_share = np.clip(sum(phases[k] for k in PHASES if PHASE_POWER[k] in HOT_POWERS) / step_s, 0.0, 1.0)
     issue_wait = timing.host_issue_wait_s
     step_wait = phases["deepspeed_overhead"] - issue_wait
-    wait_energy = {  # per GPU: the waits between kernels, and each one a step
-        "deepspeed_overhead": issue_wait * wait_power_w(profile, hot_share, 0.0)
-        + step_wait * wait_power_w(profile, hot_share, step_wait),
+    micro_steps_s = np.maximum(timing.step_time_s - step_wait - phases["cpu_optimizer"], 1e-12)
+    hot_share = np.clip(sum(phases[k] for k in PHASES if PHASE_POWER[k] in HOT_POWERS) / micro_steps_s, 0.0, 1.0)
+    wait_energy = {  # per GPU: the waits between kernels draw `wait`; the step's, one each, decay from hot
+        "deepspeed_overhead": issue_wait * gp.wait.value + step_wait * wait_power_w(profile, hot_share, step_wait),
         "cpu_optimizer": phases["cpu_optimizer"] * wait_power_w(profile, hot_share, phases["cpu_optimizer"]),
     }
     gpu_e, cpu_e = {}, {}

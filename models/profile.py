@@ -297,11 +297,12 @@ class Overlap(_Strict):
 
 
 class WaitDecay(_Strict):
-    """How a GPU's power falls after dense work stops: not at once to `wait`, but from `hot` toward it
-    with time constant `decay_s`, so that a wait of g seconds right after such work draws on average
-    wait + (hot - wait) * (decay_s / g) * (1 - exp(-g / decay_s)). On H200 a GEMM burst's gaps of
-    5-20 ms drew about 500 W, of 100 ms 300 W and of 500 ms 170 W, against 126 W idle (2026-12-01);
-    a host-bound step's tiny kernels kept it at 125 W. Measured (calibration family `wait_decay`)."""
+    """How a GPU's power falls after dense work stops: not at once to `wait`, but from `hot` (what it
+    drew busy) toward it with time constant `decay_s`, so that a wait of g seconds right after such
+    work draws on average wait + (hot - wait) * (decay_s / g) * (1 - exp(-g / decay_s)). On H200,
+    after 100 ms GEMM bursts, gaps of 5-10 ms drew 670-740 W, of 50 ms 385 W, of 100 ms 284 W and of
+    500 ms 168 W, against 126 W idle: a 31 ms time constant on two machines (2026-12-01). Measured
+    (calibration family `wait_decay`)."""
 
     hot: Watts
     decay_s: Seconds

@@ -1,9 +1,9 @@
 """How the GPU's power falls after dense work stops: what a training step's short waits draw.
 
-`power.gpu.wait` is seconds of idling. A step's waits last milliseconds between bursts of dense
-work (the host's walk over the tensors at the step, host-bound stretches between kernels), and the
-GPU's power does not drop at once: on H200 gaps of 5-20 ms after a GEMM burst drew about 500 W,
-against 126 W idle (scripts/gap_power.py, 2026-12-01). This runs cycles of a bf16 GEMM burst and a
+`power.gpu.wait` is seconds of idling. A step's waits last milliseconds to seconds after dense
+work (DeepSpeed's walk over the tensors at the step, the CPU optimizer), and the GPU's power does
+not drop at once: on H200 gaps of 5-10 ms after a GEMM burst drew what it drew busy, of 100 ms about
+290 W, against 126 W idle (scripts/gap_power.py, 2026-12-01). This runs cycles of a bf16 GEMM burst and a
 host sleep, one energy window per sleep length (the first with none: the bursts' own power), and
 records each window's energy and its busy and idle seconds; the profile writer fits the decay
 (`calibration.fitting.fit_wait_decay`). Local rank 0 only: it measures its own GPU.
@@ -17,6 +17,10 @@ from calibration.microbench.common import BenchContext, BenchItem, Skip, time_pe
 
 BURST_S = 0.1
 GAPS_S = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+# A short gap's power is the window's energy less the bursts', over little idle time: each window
+# lasts until its gaps add up to this much (at most MAX_WINDOW_S), so the bursts' error stays small.
+MIN_IDLE_S = 1.0
+MAX_WINDOW_S = 15.0
 
 
 def bench_wait_decay(ctx: BenchContext) -> dict:
@@ -39,7 +43,10 @@ def bench_wait_decay(ctx: BenchContext) -> dict:
         burst()  # each window starts hot
         ctx.monitor.begin_window(f"wait-decay-{gap_s}")
         busy_s, cycles, t0 = 0.0, 0, time.perf_counter()
-        while time.perf_counter() - t0 < ctx.sizes.power_window_s:
+        window_s = ctx.sizes.power_window_s
+        if gap_s > 0:
+            window_s = min(MAX_WINDOW_S, max(window_s, MIN_IDLE_S * (BURST_S + gap_s) / gap_s))
+        while time.perf_counter() - t0 < window_s:
             busy_s += burst()
             time.sleep(gap_s)
             cycles += 1

@@ -107,3 +107,27 @@ def test_curve_drops_non_positive_points_and_rejects_empty():
         build_curve([], [])
     with pytest.raises(ValueError):
         build_curve([1.0, -1.0], [0.0, 1.0])
+
+
+def _gap_series(hot_w, wait_w, decay_s, gaps_s, noise=0.0, seed=0):
+    """Windows of 100 ms bursts at `hot_w` and gaps decaying toward `wait_w`, as the benchmark records them."""
+    rng = np.random.default_rng(seed)
+    out = [{"gap_s": 0.0, "cycles": 30, "time_s": 3.0, "busy_s": 3.0, "gpu_energy_j": 3.0 * hot_w}]
+    for g in gaps_s:
+        cycles = 20
+        gap_w = wait_w + (hot_w - wait_w) * decay_s / g * -np.expm1(-g / decay_s)
+        energy = cycles * (0.1 * hot_w + g * gap_w) * (1 + noise * rng.standard_normal())
+        out.append({"gap_s": g, "cycles": cycles, "time_s": cycles * (0.1 + g), "busy_s": cycles * 0.1,
+                    "gpu_energy_j": energy})
+    return out
+
+
+def test_the_wait_decay_is_recovered_from_its_windows():
+    from calibration.fitting import fit_wait_decay
+
+    fit = fit_wait_decay(_gap_series(690.0, 125.0, 0.03, (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)), 125.0)
+    assert fit.hot_w == pytest.approx(690.0) and fit.decay_s == pytest.approx(0.03, rel=1e-3) and fit.gaps == 7
+    noisy = fit_wait_decay(_gap_series(690.0, 125.0, 0.03, (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5), noise=0.003), 125.0)
+    assert noisy.decay_s == pytest.approx(0.03, rel=0.15)  # the short gaps' noise is weighed down
+    with pytest.raises(ValueError, match="at least 3 gap lengths"):
+        fit_wait_decay(_gap_series(690.0, 125.0, 0.03, (0.05, 0.1)), 125.0)

@@ -115,14 +115,14 @@ def test_a_wait_right_after_dense_work_draws_the_hot_power_decaying_toward_wait(
     assert float(wait_power_w(_gpu_scope(), np.array(1.0), np.array(0.0))) == wait  # not measured: wait
 
 
-def test_the_waits_of_a_gpu_bound_step_cost_more_than_those_of_a_host_bound_one():
-    """The same second of waiting between kernels costs near the hot power in a step that is mostly
-    dense compute, and idle power in one that is all host; a wait of the whole step's overhead at
-    once costs in between."""
+def test_the_waits_of_a_step_start_as_hot_as_its_micro_steps_were_dense():
+    """The step's overhead, one wait, decays from a start as hot as the micro-steps were dense: after
+    GPU-bound micro-steps it costs more than after host-bound ones, and a short one more than a long
+    one. The waits between kernels draw `wait` whatever the step."""
     p = _gpu_scope(wait_decay=DECAY)
     wait = p.power.gpu.wait.value
 
-    def overhead_j(compute_s, issue_wait_s, step_wait_s):
+    def overhead_w(compute_s, issue_wait_s, step_wait_s):
         phases = {name: np.array([0.0]) for name in PHASES}
         phases["compute"] = np.array([compute_s])
         phases["deepspeed_overhead"] = np.array([issue_wait_s + step_wait_s])
@@ -130,8 +130,9 @@ def test_the_waits_of_a_gpu_bound_step_cost_more_than_those_of_a_host_bound_one(
                        overlapped_compute_s=np.zeros(1), cpu_optimizer_busy_s=np.zeros(1),
                        host_issue_wait_s=np.array([issue_wait_s]))
         b = StrategyBatch.from_strategies([Strategy(gpus=1, gpus_per_node=2)])
-        return float(step_energy(t, b, p).phase_gpu_energy_j["deepspeed_overhead"][0])
+        return float(step_energy(t, b, p).phase_gpu_energy_j["deepspeed_overhead"][0]) / (issue_wait_s + step_wait_s)
 
-    assert overhead_j(9.0, 1.0, 0.0) == pytest.approx(wait + 0.9 * (500.0 - wait))
-    assert overhead_j(0.0, 1.0, 0.0) == pytest.approx(wait)
-    assert wait < overhead_j(9.0, 0.0, 1.0) < overhead_j(9.0, 1.0, 0.0)
+    assert overhead_w(1.0, 0.0, 0.05) == pytest.approx(float(wait_power_w(p, np.array(1.0), np.array(0.05))))
+    assert overhead_w(1.0, 0.0, 0.05) > overhead_w(1.0, 3.0, 0.05) > wait  # micro-steps a quarter dense
+    assert overhead_w(1.0, 0.0, 0.05) > overhead_w(1.0, 0.0, 0.5) > wait
+    assert overhead_w(1.0, 1.0, 0.0) == pytest.approx(wait)
