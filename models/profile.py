@@ -354,9 +354,13 @@ class Overheads(_Strict):
     ...), gradient norm and partition copy launch a handful of tiny kernels for each tensor, one after
     another, so the step waits on the host (H200 step profiles, 2026-12-01: a trained ViT tower's 329
     more tensors added about 86 ms to those functions under cProfile). `step_per_tensor` is what every
-    step outside ZeRO-3 and offload pays per trainable tensor before that (ZeRO-0's BF16 optimizer too:
-    per-tensor norms, clipping and copies): on H200, a 256-wide decoder's step grew by about 190 us a
-    tensor from 6 to 24 layers at ZeRO-0, where the fixed `step` had been fitted to 35 ms. `zero3_host_serial` is the
+    step outside ZeRO-3 and offload pays per trainable tensor before that: ZeRO-0's optimizer (DeepSpeed's
+    FP16_Optimizer in bf16, the engine's choice without `data_types.grad_accum_dtype`) runs the same
+    serial overflow check over every tensor as ZeRO-1/2's step (201 `has_inf_or_nan` calls a step each
+    for TinyLlama, H200 step profiles) and casts and copies each one besides; on H200, a 256-wide
+    decoder's step grew by about 190 us a tensor from 6 to 24 layers at ZeRO-0, where the fixed `step`
+    had been fitted to 35 ms. ZeRO-0 has no gradient hook: its micro-steps launch the same kernels as
+    ZeRO-1's (torch.profiler, TinyLlama 1k at four micro-batches). `zero3_host_serial` is the
     share of the shorter of host issue and GPU work that does not overlap under ZeRO-3 on several
     GPUs: the host waits on DeepSpeed's fetch and reduce events, so it cannot run ahead of the
     GPU (H200, 2026-11-30: qwen2.5-1.5b at 512 tokens, all host, took as long on 2 GPUs as on 1;

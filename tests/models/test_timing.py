@@ -406,7 +406,7 @@ def test_zero12_step_visits_every_trainable_tensor_on_the_host():
 
 
 def test_every_step_outside_zero3_visits_every_trainable_tensor_on_the_host():
-    """step_per_tensor: ZeRO-0's BF16 optimizer and ZeRO-1/2's step alike walk each trainable
+    """step_per_tensor: ZeRO-0's optimizer and ZeRO-1/2's step alike walk each trainable
     tensor, at the host's issue speed; ZeRO-1/2 pay their own per-tensor work on top. ZeRO-3 steps
     flat partitions and offload steps on the CPU: neither pays it."""
     anchor = {"overheads.issue_fitted_at_per_layer": 100e-6}
