@@ -44,7 +44,8 @@ def test_gpu_scope_energy_is_phase_time_times_phase_power_plus_host_cpu():
     assert not predict(W7, s, _gpu_scope(measured=True)).cpu_energy_estimated
 
 
-def test_module_scope_puts_the_cpu_inside_the_gpu_figure_once(gh200):
+def test_module_scope_puts_the_cpu_inside_the_gpu_figure_once():
+    gh200 = profile_with({"power.gpu.wait_decay": None})  # its waits at `wait`: the sum below is exact
     assert gh200.power.nvml_scope == "module"
     s = Strategy(gpus=8, gpus_per_node=4, zero_stage=2, offload_optimizer="cpu", overlap_comm=False)
     mod = predict(W7, s, gh200)
@@ -136,3 +137,12 @@ def test_the_waits_of_a_step_start_as_hot_as_its_micro_steps_were_dense():
     assert overhead_w(1.0, 0.0, 0.05) > overhead_w(1.0, 3.0, 0.05) > wait  # micro-steps a quarter dense
     assert overhead_w(1.0, 0.0, 0.05) > overhead_w(1.0, 0.0, 0.5) > wait
     assert overhead_w(1.0, 1.0, 0.0) == pytest.approx(wait)
+
+
+@pytest.mark.parametrize("decay, key", [
+    ({**DECAY, "hot": {"value": 900.0, "unit": "W", "source": "test"}}, "power.gpu.wait_decay.hot"),
+    ({**DECAY, "decay_s": {"value": 0.0, "unit": "s", "source": "test"}}, "power.gpu.wait_decay.decay_s"),
+])
+def test_a_wait_decay_above_the_cap_or_without_time_is_refused_by_name(decay, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        _gpu_scope(wait_decay=decay)
