@@ -2,7 +2,7 @@
 
 GPU power depends on what the GPU does in a phase: dense compute near the power cap,
 memory-bound kernels lower, collectives and host copies lower still, waiting on the CPU
-optimizer or on Python near idle. Compute that ran beside communication draws the
+optimizer or on Python from what it drew busy toward idle (below). Compute that ran beside communication draws the
 profile's `overlap` power for that share of its time. GPU energy counts every GPU.
 
 CPU energy: each node's host draws `power.cpu.idle` all step, and while the CPU optimizer runs

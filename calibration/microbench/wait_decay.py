@@ -3,7 +3,7 @@
 `power.gpu.wait` is seconds of idling. A step's waits last milliseconds to seconds after dense
 work (DeepSpeed's walk over the tensors at the step, the CPU optimizer), and the GPU's power does
 not drop at once: on H200 gaps of 5-10 ms after a GEMM burst drew what it drew busy, of 100 ms about
-290 W, against 126 W idle (scripts/gap_power.py, 2026-12-01). This runs cycles of a bf16 GEMM burst and a
+290 W, against 126 W idle (data/calibration/README.md, 2026-12-01). This runs cycles of a bf16 GEMM burst and a
 host sleep, one energy window per sleep length (the first with none: the bursts' own power), and
 records each window's energy and its busy and idle seconds; the profile writer fits the decay
 (`calibration.fitting.fit_wait_decay`). Local rank 0 only: it measures its own GPU.
