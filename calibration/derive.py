@@ -157,6 +157,7 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
              for op in NETWORK_OPS}
     extra_w = sheet.module_host_idle.value if sheet.nvml_scope == "module" else 0.0
     cap = sheet.power_cap.value
+
     def derived_watts(q: dict) -> dict:
         watts = min(cap, q["value"] + extra_w)
         rule = f"from {origin}: {q['value']:.0f} W"

@@ -155,11 +155,16 @@ class WaitDecayFit:
     gaps: int  # sleep lengths fitted
 
 
+def busy_power_w(series: list[dict]) -> float:
+    """The bursts' own power: that of the `wait_decay` window without gaps."""
+    solid = next(s for s in series if s["gap_s"] == 0)
+    return solid["gpu_energy_j"] / solid["time_s"]
+
+
 def gap_power_w(series: list[dict]) -> list[tuple[float, float, float]]:
     """(gap seconds as slept, average GPU power through the gaps, the window's busy over idle seconds)
-    of each window with gaps: its energy less the bursts', at the power of the window without gaps."""
-    solid = next(s for s in series if s["gap_s"] == 0)
-    busy_w = solid["gpu_energy_j"] / solid["time_s"]
+    of each window with gaps: its energy less the bursts', at the bursts' own power."""
+    busy_w = busy_power_w(series)
     out = []
     for s in series:
         idle_s = s["time_s"] - s["busy_s"]
@@ -181,8 +186,7 @@ def fit_wait_decay(series: list[dict], wait_w: float) -> WaitDecayFit:
     if len(points) < 3:
         raise ValueError(f"the wait decay needs at least 3 gap lengths, got {len(points)}")
     g, w, busy_per_idle = (np.array(v, dtype=float) for v in zip(*points))
-    solid = next(s for s in series if s["gap_s"] == 0)
-    hot = max(solid["gpu_energy_j"] / solid["time_s"], wait_w)
+    hot = max(busy_power_w(series), wait_w)
 
     def model(gap, decay):
         return wait_w + (hot - wait_w) * decay / gap * -np.expm1(-gap / decay)
