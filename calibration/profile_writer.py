@@ -393,7 +393,7 @@ class ProfileBuilder:
         gpu = {"idle": gpu_phase("idle"), "wait": gpu_phase("wait"), "compute": gpu_phase("dense_compute"),
                "memory_bound": gpu_phase("memory_bound"), "collective": gpu_phase("collective"),
                "host_copy": gpu_phase("host_copy"), "overlap": gpu_phase("overlap")}
-        decay = (self.wait_decay(gpu["wait"]["value"]) if gpu["wait"] and not self.cpu else None) or \
+        decay = (self.wait_decay(gpu["wait"]["value"]) if gpu["wait"] else None) or \
             self.from_ref("power.gpu.wait_decay", "not measured here")
         if decay is not None:  # absent, the model's waits draw `wait` (models.profile.GpuPower)
             gpu["wait_decay"] = decay

@@ -60,14 +60,11 @@ def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
     """This rank's probe at its own thread count (what the launch set: OMP_NUM_THREADS)."""
     import torch
 
-    from calibration.microbench.cpu import deepspeed_cpu_adam_built, issue_us_per_layer
+    from calibration.microbench.cpu import deepspeed_cpu_adam_built
 
     threads = torch.get_num_threads()
-    issue, adam, failed = None, None, []
-    try:
-        issue = issue_us_per_layer(device, sync)  # first: OpenMP threads spinning after CPUAdam slow it by ~20%
-    except Exception as exc:  # noqa: BLE001 - a probe never costs the run
-        failed.append(f"issue: {type(exc).__name__}: {exc}"[:200])
+    issue, why = _issue_us(device, sync)  # first: OpenMP threads spinning after CPUAdam slow it by ~20%
+    adam, failed = None, [why] if why else []
     if device.type == "cuda" and (offloads_optimizer or deepspeed_cpu_adam_built()):
         try:
             adam = cpu_adam_params_per_s(threads)
@@ -76,15 +73,20 @@ def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
     return HostProbe(issue_us_per_layer=issue, cpu_adam_params_per_s=adam, threads=threads, failed="; ".join(failed))
 
 
-def reprobe_issue(device, sync) -> float | None:
-    """This rank's issue time again, after the measured window; None where it fails (it never costs
-    the run its result)."""
+def _issue_us(device, sync) -> tuple[float | None, str]:
+    """The issue time, or None and why it failed: a probe never costs the run."""
     from calibration.microbench.cpu import issue_us_per_layer
 
     try:
-        return issue_us_per_layer(device, sync)
-    except Exception:  # noqa: BLE001 - the run keeps the probe taken before
-        return None
+        return issue_us_per_layer(device, sync), ""
+    except Exception as exc:  # noqa: BLE001
+        return None, f"issue: {type(exc).__name__}: {exc}"[:200]
+
+
+def reprobe_issue(device, sync) -> float | None:
+    """This rank's issue time again, after the measured window; None where it fails (the run keeps
+    the probe taken before)."""
+    return _issue_us(device, sync)[0]
 
 
 def combine(per_rank: list[dict], issue_after_per_rank: list[float | None] | None = None) -> dict:

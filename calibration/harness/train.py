@@ -220,14 +220,15 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     if traced:
         memory_trace.write_summary(memory_trace.summary_name(rank), trace_baseline)
 
-    issue_after = host_probe.reprobe_issue(device, sync)  # before the profilers: they would slow it
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
                                torch.cuda.max_memory_reserved() if cuda else None, host_memory.read(), host_baseline)
+    # After the window's peaks are read (the probe allocates), before the profilers (they slow it).
+    issue_after = host_probe.reprobe_issue(device, sync)
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing
         step_profile.profile_steps(step, sync, rank == 0, "step_profile.json", cuda)
-    everyone, issues_after = [None] * world, [None] * world
-    dist.all_gather_object(everyone, mine)
-    dist.all_gather_object(issues_after, issue_after)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (mine, issue_after))
+    everyone, issues_after = [g[0] for g in gathered], [g[1] for g in gathered]
     optimizer_names = (type(engine.basic_optimizer).__name__, type(engine.optimizer).__name__)
     engine.destroy()
     timeline.mark("gathered")
