@@ -170,8 +170,8 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
     gpu_power = {phase: derived_watts(q) for phase, q in ref["power"]["gpu"].items() if phase != "wait_decay"}
     decay = ref["power"]["gpu"].get("wait_decay")
     if decay is not None:  # how fast the power falls after work: no datasheet figure, the reference's own
-        gpu_power["wait_decay"] = {"hot": derived_watts(decay["hot"]), "decay_s": dict(
-            decay["decay_s"], source=f"from {origin} (no datasheet figure); there: {decay['decay_s']['source']}")}
+        gpu_power["wait_decay"] = {key: dict(q, source=f"from {origin} (no datasheet figure); there: {q['source']}")
+                                   for key, q in decay.items()}
     power = {
         "gpu": gpu_power,
         "cpu": {"idle": datasheet(sheet.cpu_idle), "optimizer": datasheet(sheet.cpu_optimizer), "measured": False,

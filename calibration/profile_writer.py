@@ -418,8 +418,9 @@ class ProfileBuilder:
         fit = fit_wait_decay(rows[0]["series"], wait_w)
         source = (f"measured: NVML energy counter through gaps of {fit.gaps} lengths after "
                   f"{rows[0]['burst_s'] * 1e3:.0f} ms bf16 GEMM bursts")
-        return {"hot": _q(fit.hot_w, "W", source + ", the bursts' own power"),
-                "decay_s": _q(fit.decay_s, "s", source + f", fitted toward power.gpu.wait ({wait_w:.0f} W)")}
+        return {"decay_s": _q(fit.decay_s, "s", source + f", fitted from their own power ({fit.hot_w:.0f} W) "
+                                                  f"toward power.gpu.wait ({wait_w:.0f} W)"),
+                "burst_s": _q(rows[0]["burst_s"], "s", source + ", the bursts' length")}
 
     def memory(self) -> dict:
         rows = self.family("memory")

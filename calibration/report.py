@@ -68,8 +68,8 @@ def summary_table(profile: dict) -> Table:
         if k != "wait_decay":
             row(f"GPU power {k}", q, "")
     if decay:
-        t.add_row("GPU power after work", f"{decay['hot']['value']:.0f} W, falling in "
-                  f"{decay['decay_s']['value'] * 1e3:.0f} ms", decay["hot"]["source"][:90])
+        t.add_row("GPU power after work", f"falls in {decay['decay_s']['value'] * 1e3:.0f} ms after "
+                  f"{decay['burst_s']['value'] * 1e3:.0f} ms busy", decay["decay_s"]["source"][:90])
     row("CPU power idle", p["cpu"]["idle"], "")
     row("CPU power optimizer", p["cpu"]["optimizer"], "")
     return t

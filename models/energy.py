@@ -11,14 +11,14 @@ CPU energy: each node's host draws `power.cpu.idle` all step, and while the CPU 
 one thread a rank under torchrun's default runs the optimizer many times longer, on one core,
 not on all of them. It is an estimate unless the profile says a sensor measured it.
 
-Waiting is not idling. After dense work the GPU's power falls toward `wait` over tens of
-milliseconds (`power.gpu.wait_decay`, measured: on H200 it drew its busy power through gaps of 5-10
-ms and fell with a 31 ms time constant), so the waits a step has once (DeepSpeed's step overhead,
-the CPU optimizer) draw the average of that fall over their length, from a start as hot as the
-micro-steps were dense (their share of time in the phases at compute, memory-bound or overlap
-power). The waits between one kernel and the next (the host's issue time) draw `wait`: host-bound
-steps of small kernels stayed at idle power (H200: 125 W through steps of a 256-wide decoder, and
-host-bound 1k-token steps were over-predicted by up to 31% when these waits were charged hot too).
+Waiting is not idling. When its work stops, the GPU's power falls toward `wait` with a time
+constant of about 0.3 times the busy stretch before (`power.gpu.wait_decay`, measured on H200 from
+40 us kernels to 100 ms bursts). So a wait right after busy work draws that work's power above
+`wait` for a "hot tail" of up to the time constant: the waits a step has once (DeepSpeed's step
+overhead, the CPU optimizer) after the last micro-step, from the micro-steps' mean power; ZeRO-3's
+hook waits, between one module's kernels and the next's, after each module's share of the dense
+work. The host's other issue waits, between kernels launched one by one, draw `wait`: host-bound
+steps of small kernels stayed at idle power (H200: 125 W through steps of a 256-wide decoder).
 
 When the GPU meter reads module power (`power.nvml_scope == "module"`, GH200), the
 profile's GPU figures already include the CPU and its memory at rest, and the CPU
@@ -52,20 +52,19 @@ PHASE_POWER = {
     "deepspeed_overhead": "wait",
 }
 assert set(PHASE_POWER) == set(PHASES)
-# The powers of dense work: the micro-steps' share of time in them sets how hot the step's waits start.
+# The powers of dense work: what a wait after it starts from.
 HOT_POWERS = ("compute", "memory_bound", "overlap")
 
 
-def wait_power_w(profile: HardwareProfile, hot_share, wait_s) -> np.ndarray:
-    """Average GPU power through a wait of `wait_s` seconds that starts `hot_share` of the way from
-    `wait` to the measured hot power (see the module docstring)."""
-    gp = profile.power.gpu
-    wait_w = gp.wait.value
-    if gp.wait_decay is None:
-        return np.full(np.shape(hot_share), wait_w)
-    x = np.asarray(wait_s, dtype=float) / gp.wait_decay.decay_s.value
-    held = np.divide(-np.expm1(-x), x, out=np.ones_like(x), where=x > 1e-9)  # (1 - e^-x) / x, 1 at x -> 0
-    return wait_w + (gp.wait_decay.hot.value - wait_w) * hot_share * held
+def hot_tail_s(profile: HardwareProfile, busy_s, wait_s) -> np.ndarray:
+    """Seconds of a wait of `wait_s` right after `busy_s` seconds of busy work that count at the busy
+    power above `wait`: the integral of the decay (models.profile.WaitDecay); none where unmeasured."""
+    decay = profile.power.gpu.wait_decay
+    wait_s = np.asarray(wait_s, dtype=float)
+    if decay is None:
+        return np.zeros(np.broadcast(np.asarray(busy_s), wait_s).shape)
+    tau = decay.time_constant_s(busy_s)
+    return np.where(tau > 0, tau * -np.expm1(-wait_s / np.maximum(tau, 1e-300)), 0.0)
 
 
 @dataclass(frozen=True)
@@ -95,20 +94,40 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
 
     busy_cores = np.minimum(cpu_threads(b, profile) * b.ranks_per_node, profile.host.cores.value)
     cpu_extra_w = max(cp.optimizer.value - cp.idle.value, 0.0) * busy_cores / profile.host.cores.value  # per node
+    wait_w = gp.wait.value
+    phase_w = {name: getattr(gp, PHASE_POWER[name]).value for name in PHASES}
+    for name in COMPUTE_PHASES:
+        phase_w[name] = (1.0 - share) * phase_w[name] + share * overlap_w
+    dense = [name for name in PHASES if PHASE_POWER[name] in HOT_POWERS]
+    dense_s = sum(phases[k] for k in dense)
+    dense_excess_j = sum(phases[k] * (phase_w[k] - wait_w) for k in dense)  # per GPU, above `wait`
+
+    def per(total, n):
+        return np.divide(total, n, out=np.zeros_like(np.asarray(total, dtype=float)), where=n > 0)
+
+    # The waits a step has once come after the last micro-step, and start at the micro-steps' mean power.
     issue_wait = timing.host_issue_wait_s
     step_wait = phases["deepspeed_overhead"] - issue_wait
     micro_steps_s = np.maximum(timing.step_time_s - step_wait - phases["cpu_optimizer"], 1e-12)
-    hot_share = np.clip(sum(phases[k] for k in PHASES if PHASE_POWER[k] in HOT_POWERS) / micro_steps_s, 0.0, 1.0)
-    wait_energy = {  # per GPU: the waits between kernels draw `wait`; the step's, one each, decay from hot
-        "deepspeed_overhead": issue_wait * gp.wait.value + step_wait * wait_power_w(profile, hot_share, step_wait),
-        "cpu_optimizer": phases["cpu_optimizer"] * wait_power_w(profile, hot_share, phases["cpu_optimizer"]),
+    start_excess_w = dense_excess_j / micro_steps_s
+    last_busy_s = dense_s / b.grad_accum
+
+    def once(wait_s):
+        return wait_s * wait_w + start_excess_w * hot_tail_s(profile, last_busy_s, wait_s)
+
+    # ZeRO-3's hooks wait between one module's kernels and the next's: each of the step's gaps after
+    # its share of the dense work, at that work's power. The host's other issue waits come between
+    # kernels launched one by one, after stretches too short to heat them: at `wait` (with them hot,
+    # ZeRO-1/2's host-bound steps came out 4% over).
+    gaps = timing.hook_gaps
+    hooks_hot_s = gaps * hot_tail_s(profile, per(dense_s, gaps), per(timing.hook_wait_s, gaps))
+    wait_energy = {  # per GPU
+        "deepspeed_overhead": once(step_wait) + issue_wait * wait_w + per(dense_excess_j, dense_s) * hooks_hot_s,
+        "cpu_optimizer": once(phases["cpu_optimizer"]),
     }
     gpu_e, cpu_e = {}, {}
     for name in PHASES:
-        w = getattr(gp, PHASE_POWER[name]).value
-        if name in COMPUTE_PHASES:
-            w = (1.0 - share) * w + share * overlap_w
-        gpu_e[name] = wait_energy[name] * gpus if name in wait_energy else phases[name] * w * gpus
+        gpu_e[name] = (wait_energy[name] if name in wait_energy else phases[name] * phase_w[name]) * gpus
         cpu_e[name] = np.zeros_like(phases[name]) if module else phases[name] * cp.idle.value * nodes
     busy = timing.cpu_optimizer_busy_s
     if module:

@@ -297,15 +297,20 @@ class Overlap(_Strict):
 
 
 class WaitDecay(_Strict):
-    """How a GPU's power falls after dense work stops: not at once to `wait`, but from `hot` (what it
-    drew busy) toward it with time constant `decay_s`, so that a wait of g seconds right after such
-    work draws on average wait + (hot - wait) * (decay_s / g) * (1 - exp(-g / decay_s)). On H200,
-    after 100 ms GEMM bursts, gaps of 5-10 ms drew 670-740 W, of 50 ms 385 W, of 100 ms 284 W and of
-    500 ms 168 W, against 126 W idle: a 31 ms time constant on two machines (2026-12-01). Measured
-    (calibration family `wait_decay`)."""
+    """How a GPU's power falls when its work stops: not at once to `wait`, but from what it drew busy
+    toward `wait`, with a time constant that grows with the busy stretch before the wait. On H200 it
+    was about 0.3 times the stretch over three decades (data/calibration/README.md, 2026-12-01): tails
+    of 16-40 us after 40 us GEMMs, 90-130 us after 290 us, 300-400 us after 1.1 ms, about 0.6 ms
+    after 2 ms bursts, and 31 ms after 100 ms bursts (`decay_s` after `burst_s`, calibration family
+    `wait_decay`). Longer stretches were not measured: the constant is held at `decay_s` there (taken
+    as growing on, the CPU optimizer's waits after 0.3-1 s micro-steps came out 9% hot)."""
 
-    hot: Watts
     decay_s: Seconds
+    burst_s: Seconds
+
+    def time_constant_s(self, busy_s) -> np.ndarray:
+        """The decay's time constant after `busy_s` seconds of busy work."""
+        return self.decay_s.value * np.minimum(1.0, np.asarray(busy_s, dtype=float) / self.burst_s.value)
 
 
 class GpuPower(_Strict):
@@ -477,10 +482,10 @@ class HardwareProfile(_Strict):
             raise ValueError(f"power.gpu.idle: {idle} W is above gpu.power_cap {cap} W")
         gp = self.power.gpu
         watts = {phase: getattr(gp, phase).value for phase in GpuPower.model_fields if phase != "wait_decay"}
-        if gp.wait_decay is not None:
-            watts["wait_decay.hot"] = gp.wait_decay.hot.value
-            if gp.wait_decay.decay_s.value <= 0:
-                raise ValueError(f"power.gpu.wait_decay.decay_s: must be positive (s), got {gp.wait_decay.decay_s.value}")
+        for key in ("decay_s", "burst_s"):
+            seconds = getattr(gp.wait_decay, key).value if gp.wait_decay is not None else 1.0
+            if not seconds > 0:
+                raise ValueError(f"power.gpu.wait_decay.{key}: must be positive (s), got {seconds}")
         for phase, w in watts.items():
             if not idle <= w <= cap:
                 raise ValueError(f"power.gpu.{phase}: {w} W must lie between idle ({idle} W) and the cap ({cap} W)")

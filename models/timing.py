@@ -151,6 +151,10 @@ class StepTiming:
     # next (the host's issue time, ZeRO-3's events): waits of well under a millisecond each, where
     # the rest of it is waits of the whole step's overhead at once.
     host_issue_wait_s: np.ndarray
+    # The part of host_issue_wait_s spent on ZeRO-3's module hooks (fetch and release): the GPU waits
+    # there between one module's kernels and the next's, in `hook_gaps` gaps a step.
+    hook_wait_s: np.ndarray
+    hook_gaps: np.ndarray
 
 
 def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.ndarray]:
@@ -348,8 +352,19 @@ def _optimizer(profile: HardwareProfile, b: StrategyBatch, lay: Layout, last_bac
     return _Optimizer(gpu_s=opt_gpu, cpu_busy_s=cpu_busy, cpu_exposed_s=cpu_exposed)
 
 
+@dataclass(frozen=True)
+class _Overhead:
+    """DeepSpeed's host-side seconds a step: those the step has once, and the GPU's waits on the host's
+    issue time (of which `hook_wait_s` on ZeRO-3's module hooks, in `hook_gaps` gaps)."""
+
+    step_s: np.ndarray
+    issue_wait_s: np.ndarray
+    hook_wait_s: np.ndarray
+    hook_gaps: np.ndarray
+
+
 def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, b: StrategyBatch, lay: Layout,
-                          profile: HardwareProfile, normal_gpu_s, last_gpu_s) -> tuple[np.ndarray, np.ndarray]:
+                          profile: HardwareProfile, normal_gpu_s, last_gpu_s) -> _Overhead:
     """DeepSpeed's fixed per-step and per-micro-step costs and its host-side offload work; and apart,
     the host's issue time where it outlasts the GPU's work."""
     ov = profile.overheads
@@ -392,7 +407,8 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # `reduce_ready_partitions_and_remove_grads`; on H200, TinyLlama 1k at four micro-batches took
     # 0.36 s under ZeRO-1 and 0.68 s under ZeRO-2, at one micro-batch 0.20 and 0.19 s).
     scale = profile.host_issue_scale
-    issue = scale * (ov.layer_pass.value * layer_passes + passes * ov.zero3_module_pass.value)
+    module_hooks = scale * passes * ov.zero3_module_pass.value
+    issue = scale * ov.layer_pass.value * layer_passes + module_hooks
     hooks = scale * ps.backward_modules * ov.zero12_grad_hook.value
     issue_normal = issue + np.where(lay.zero_stage == 2, hooks, 0.0)
     issue_last = issue + np.where(lay.z12, hooks, 0.0)
@@ -401,7 +417,13 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     def exposed(gpu_s, host_s):
         return _host_wait(host_s, gpu_s) + serial * np.minimum(host_s, gpu_s)
 
-    return overhead, (ga - 1.0) * exposed(normal_gpu_s, issue_normal) + exposed(last_gpu_s, issue_last)
+    wait_normal, wait_last = exposed(normal_gpu_s, issue_normal), exposed(last_gpu_s, issue_last)
+    def hook_share(host_s):  # the waits split between the issue's parts as the host's time does
+        return np.divide(module_hooks, host_s, out=np.zeros_like(host_s), where=host_s > 0)
+
+    return _Overhead(step_s=overhead, issue_wait_s=(ga - 1.0) * wait_normal + wait_last,
+                     hook_wait_s=(ga - 1.0) * wait_normal * hook_share(issue_normal) + wait_last * hook_share(issue_last),
+                     hook_gaps=ga * passes)
 
 
 def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
@@ -431,7 +453,7 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     opt = _optimizer(profile, b, lay, c_b + wbl.extra)
     normal_gpu = c_f + c_b + wf.extra + wbn.extra
     last_gpu = c_f + c_b + wf.extra + wbl.extra
-    step_overhead, issue_wait = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, normal_gpu, last_gpu)
+    host = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, normal_gpu, last_gpu)
 
     phases = {
         "compute": ga * (ct["gemm_f"] + ct["gemm_b"]) + z,
@@ -446,7 +468,7 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
         + ga * ckpt_copy,
         "cpu_optimizer": opt.cpu_exposed_s + refresh.cast_s + z,
         "overlap_contention": ga * wf.contention + normal * wbn.contention + wbl.contention,
-        "deepspeed_overhead": step_overhead + issue_wait + z,
+        "deepspeed_overhead": host.step_s + host.issue_wait_s + z,
         "vision_compute": ga * (ct["vgemm_f"] + ct["vgemm_b"] + ct["vattn_f"] + ct["vattn_b"]
                                 + ct["velem_f"] + ct["velem_b"]) + z,
         "vision_recompute": ga * vrec,
@@ -455,4 +477,5 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     step = sum(phases.values())
     overlapped = ga * wf.overlapped_compute + normal * wbn.overlapped_compute + wbl.overlapped_compute
     return StepTiming(phase_time_s=phases, step_time_s=step, overlapped_compute_s=overlapped,
-                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cpu_busy_s + z, host_issue_wait_s=issue_wait + z)
+                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cpu_busy_s + z, host_issue_wait_s=host.issue_wait_s + z,
+                      hook_wait_s=host.hook_wait_s + z, hook_gaps=host.hook_gaps + z)

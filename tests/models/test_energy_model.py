@@ -6,7 +6,7 @@ import pytest
 from cost_model_helpers import profile_with
 
 from models.architecture import load_architecture
-from models.energy import PHASE_POWER, step_energy, wait_power_w
+from models.energy import PHASE_POWER, hot_tail_s, step_energy
 from models.predict import predict
 from models.strategy import Strategy, StrategyBatch
 from models.timing import PHASES, StepTiming
@@ -69,7 +69,8 @@ def test_compute_beside_communication_draws_overlap_power():
     phases["compute"] = np.array([10.0])
     phases["overlap_contention"] = np.array([1.0])
     t = StepTiming(phase_time_s=phases, step_time_s=np.array([11.0]), overlapped_compute_s=np.array([4.0]),
-                   cpu_optimizer_busy_s=np.array([0.0]), host_issue_wait_s=np.array([0.0]))
+                   cpu_optimizer_busy_s=np.array([0.0]), host_issue_wait_s=np.array([0.0]), hook_wait_s=np.zeros(1),
+                   hook_gaps=np.zeros(1))
     b = StrategyBatch.from_strategies([Strategy(gpus=2, gpus_per_node=2)])
     e = step_energy(t, b, p)
     g = p.power.gpu
@@ -91,7 +92,8 @@ def test_the_cpu_optimizers_extra_draw_is_that_of_the_cores_its_threads_keep_bus
     phases = {name: np.array([0.0, 0.0]) for name in PHASES}
     phases["cpu_optimizer"] = np.array([3.0, 3.0])
     t = StepTiming(phase_time_s=phases, step_time_s=np.array([3.0, 3.0]), overlapped_compute_s=np.zeros(2),
-                   cpu_optimizer_busy_s=np.array([3.0, 3.0]), host_issue_wait_s=np.zeros(2))
+                   cpu_optimizer_busy_s=np.array([3.0, 3.0]), host_issue_wait_s=np.zeros(2), hook_wait_s=np.zeros(2),
+                   hook_gaps=np.zeros(2))
     b = StrategyBatch.from_strategies([Strategy(gpus=2, gpus_per_node=2, cpu_threads_per_rank=1),
                                        Strategy(gpus=2, gpus_per_node=2)])
     extra = step_energy(t, b, p).cpu_energy_j - 3.0 * cw.idle.value
@@ -100,49 +102,63 @@ def test_the_cpu_optimizers_extra_draw_is_that_of_the_cores_its_threads_keep_bus
     assert extra[0] == pytest.approx(all_cores * 2 / cores)
 
 
-DECAY = {"hot": {"value": 500.0, "unit": "W", "source": "test"}, "decay_s": {"value": 0.05, "unit": "s", "source": "test"}}
+DECAY = {"decay_s": {"value": 0.05, "unit": "s", "source": "test"}, "burst_s": {"value": 0.1, "unit": "s", "source": "test"}}
 
 
-def test_a_wait_right_after_dense_work_draws_the_hot_power_decaying_toward_wait():
+def test_a_waits_hot_tail_grows_with_the_busy_stretch_before_it_up_to_the_measured_one():
     p = _gpu_scope(wait_decay=DECAY)
-    wait = p.power.gpu.wait.value
-    at = lambda share, s: float(wait_power_w(p, np.array(share), np.array(s)))  # noqa: E731
-    assert at(1.0, 0.0) == pytest.approx(500.0)  # between kernels
-    assert at(1.0, 0.05) == pytest.approx(wait + (500.0 - wait) * (1 - np.exp(-1.0)))  # one time constant
-    assert at(1.0, 0.001) > at(1.0, 0.05) > at(1.0, 5.0) > wait
-    assert at(1.0, 50.0) == pytest.approx(wait, rel=0.01)  # a long wait is an idle
-    assert at(0.0, 0.0) == pytest.approx(wait)  # nothing dense before it: nothing to cool from
-    assert at(0.5, 0.0) == pytest.approx((wait + 500.0) / 2)
-    assert float(wait_power_w(_gpu_scope(), np.array(1.0), np.array(0.0))) == wait  # not measured: wait
+    tail = lambda busy, wait: float(hot_tail_s(p, np.array(busy), np.array(wait)))  # noqa: E731
+    assert tail(0.1, 0.05) == pytest.approx(0.05 * (1 - np.exp(-1.0)))  # one time constant after the bursts
+    assert tail(0.1, 50.0) == pytest.approx(0.05)  # a long wait: all of the fall
+    assert tail(0.01, 50.0) == pytest.approx(0.005)  # a tenth of the stretch: a tenth of the tail
+    assert tail(1.0, 50.0) == pytest.approx(0.05)  # longer than measured: held at the measured one
+    assert tail(0.1, 0.001) == pytest.approx(0.001, rel=0.02)  # a short wait is hot throughout
+    assert tail(0.0, 1.0) == 0.0 and tail(0.1, 0.0) == 0.0
+    assert tail(0.1, 50.0) > tail(0.1, 0.05) > tail(0.01, 0.05) > 0.0
+    assert float(hot_tail_s(_gpu_scope(), np.array(0.1), np.array(1.0))) == 0.0  # not measured: no tail
 
 
-def test_the_waits_of_a_step_start_as_hot_as_its_micro_steps_were_dense():
-    """The step's overhead, one wait, decays from a start as hot as the micro-steps were dense: after
-    GPU-bound micro-steps it costs more than after host-bound ones, and a short one more than a long
-    one. The waits between kernels draw `wait` whatever the step."""
+def _overhead_w(p, compute_s, issue_wait_s, step_wait_s, hook_wait_s=0.0, hook_gaps=0.0):
+    """Mean GPU power through DeepSpeed's overhead after `compute_s` of dense compute on one GPU."""
+    phases = {name: np.array([0.0]) for name in PHASES}
+    phases["compute"] = np.array([compute_s])
+    phases["deepspeed_overhead"] = np.array([issue_wait_s + step_wait_s])
+    t = StepTiming(phase_time_s=phases, step_time_s=np.array([compute_s + issue_wait_s + step_wait_s]),
+                   overlapped_compute_s=np.zeros(1), cpu_optimizer_busy_s=np.zeros(1),
+                   host_issue_wait_s=np.array([issue_wait_s]), hook_wait_s=np.array([hook_wait_s]),
+                   hook_gaps=np.array([hook_gaps]))
+    b = StrategyBatch.from_strategies([Strategy(gpus=1, gpus_per_node=2)])
+    return float(step_energy(t, b, p).phase_gpu_energy_j["deepspeed_overhead"][0]) / (issue_wait_s + step_wait_s)
+
+
+def test_the_waits_of_a_step_start_at_its_micro_steps_mean_power():
+    """The step's overhead, one wait after the last micro-step, falls from the micro-steps' mean power:
+    after GPU-bound micro-steps it costs more than after host-bound ones, a short one more than a
+    long one. The waits between kernels launched one by one draw `wait` whatever the step."""
     p = _gpu_scope(wait_decay=DECAY)
-    wait = p.power.gpu.wait.value
+    wait, compute = p.power.gpu.wait.value, p.power.gpu.compute.value
+    assert _overhead_w(p, 1.0, 0.0, 0.05) == pytest.approx(wait + (compute - wait) * (1 - np.exp(-1.0)))
+    assert _overhead_w(p, 1.0, 0.0, 0.05) > _overhead_w(p, 1.0, 3.0, 0.05) > wait  # micro-steps a quarter dense
+    assert _overhead_w(p, 1.0, 0.0, 0.05) > _overhead_w(p, 1.0, 0.0, 0.5) > wait
+    assert _overhead_w(p, 1.0, 1.0, 0.0) == pytest.approx(wait)
+    assert _overhead_w(_gpu_scope(), 1.0, 0.0, 0.05) == pytest.approx(wait)  # not measured: `wait`
 
-    def overhead_w(compute_s, issue_wait_s, step_wait_s):
-        phases = {name: np.array([0.0]) for name in PHASES}
-        phases["compute"] = np.array([compute_s])
-        phases["deepspeed_overhead"] = np.array([issue_wait_s + step_wait_s])
-        t = StepTiming(phase_time_s=phases, step_time_s=np.array([compute_s + issue_wait_s + step_wait_s]),
-                       overlapped_compute_s=np.zeros(1), cpu_optimizer_busy_s=np.zeros(1),
-                       host_issue_wait_s=np.array([issue_wait_s]))
-        b = StrategyBatch.from_strategies([Strategy(gpus=1, gpus_per_node=2)])
-        return float(step_energy(t, b, p).phase_gpu_energy_j["deepspeed_overhead"][0]) / (issue_wait_s + step_wait_s)
 
-    assert overhead_w(1.0, 0.0, 0.05) == pytest.approx(float(wait_power_w(p, np.array(1.0), np.array(0.05))))
-    assert overhead_w(1.0, 0.0, 0.05) > overhead_w(1.0, 3.0, 0.05) > wait  # micro-steps a quarter dense
-    assert overhead_w(1.0, 0.0, 0.05) > overhead_w(1.0, 0.0, 0.5) > wait
-    assert overhead_w(1.0, 1.0, 0.0) == pytest.approx(wait)
+def test_zero3s_hook_waits_between_modules_are_hot_as_their_modules_work():
+    """100 gaps of 2 ms after 10 ms of compute each: a 5 ms time constant, each gap hot throughout
+    but for its fall (5 ms x (1 - e^-0.4) of it at the compute power, the rest at `wait`)."""
+    p = _gpu_scope(wait_decay=DECAY)
+    wait, compute = p.power.gpu.wait.value, p.power.gpu.compute.value
+    hooks = _overhead_w(p, 1.0, 0.2, 0.0, hook_wait_s=0.2, hook_gaps=100)
+    assert hooks == pytest.approx(wait + (compute - wait) * 0.005 * -np.expm1(-0.4) / 0.002)
+    assert hooks > _overhead_w(p, 1.0, 0.2, 0.0) == pytest.approx(wait)  # the same waits off the hooks
+    assert _overhead_w(p, 1.0, 0.2, 0.0, hook_wait_s=0.1, hook_gaps=100) < hooks
 
 
 @pytest.mark.parametrize("decay, key", [
-    ({**DECAY, "hot": {"value": 900.0, "unit": "W", "source": "test"}}, "power.gpu.wait_decay.hot"),
     ({**DECAY, "decay_s": {"value": 0.0, "unit": "s", "source": "test"}}, "power.gpu.wait_decay.decay_s"),
+    ({**DECAY, "burst_s": {"value": -1.0, "unit": "s", "source": "test"}}, "power.gpu.wait_decay.burst_s"),
 ])
-def test_a_wait_decay_above_the_cap_or_without_time_is_refused_by_name(decay, key):
+def test_a_wait_decay_without_time_is_refused_by_name(decay, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         _gpu_scope(wait_decay=decay)

@@ -303,6 +303,38 @@ def test_zero3_hooks_are_host_issue_time_hidden_only_behind_longer_gpu_work():
     assert big["deepspeed_overhead"] < 0.01 * 2 * c.modules_llm * 1e-3
 
 
+def _step_timing(strategy: Strategy, profile, workload):
+    from models import memory, timing
+    from models.strategy import StrategyBatch
+
+    b = StrategyBatch.from_strategies([strategy])
+    work = micro_step_work(workload, b.micro_batch, b.sp, b.checkpoint_every, profile.gpu.layer_elementwise,
+                           profile.gpu.vision_elementwise)
+    counts = count_params(workload)
+    return timing.step_timing(workload, counts, work, memory.estimate(workload, counts, work, b, profile), b, profile)
+
+
+def test_zero3s_hook_waits_are_the_hooks_share_of_the_issue_wait_in_one_gap_a_module_pass():
+    """The energy model heats ZeRO-3's hook waits (models.energy): they are the share of the GPU's
+    issue wait that the module hooks take of the host's issue time, in one gap a module pass."""
+    small = Workload(load_architecture("qwen2.5-0.5b"), 2048)
+    c = count_params(small)
+    hooks_only = {"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 0.0,
+                  "overheads.zero3_module_pass": 1e-3, "overheads.zero12_grad_hook": 0.0,
+                  "overheads.zero3_host_serial": 0.0}
+    t = _step_timing(Strategy(zero_stage=3, grad_accum=2), _with(hooks_only), small)
+    assert float(t.host_issue_wait_s[0]) > 0.0
+    assert float(t.hook_wait_s[0]) == pytest.approx(float(t.host_issue_wait_s[0]))
+    assert float(t.hook_gaps[0]) == 2 * 2 * c.modules_llm  # forward and backward, two micro-steps
+    # layer passes that take the host as long as the hooks: half of the wait is the hooks'
+    layers = small.arch.num_layers
+    half = _with({**hooks_only, "overheads.layer_pass": 1e-3 * c.modules_llm / layers})
+    t = _step_timing(Strategy(zero_stage=3), half, small)
+    assert float(t.hook_wait_s[0]) == pytest.approx(0.5 * float(t.host_issue_wait_s[0]))
+    z2 = _step_timing(Strategy(zero_stage=2), half, small)
+    assert float(z2.host_issue_wait_s[0]) > 0.0 == float(z2.hook_wait_s[0]) == float(z2.hook_gaps[0])
+
+
 def test_host_issue_floor_shows_only_when_the_gpu_work_is_shorter():
     p = _with({"overheads.step": 0.0, "overheads.micro_step": 0.0, "overheads.layer_pass": 3e-3})
     small = Workload(load_architecture("qwen2.5-0.5b"), 2048)  # GPU work ~10 ms per micro-step
