@@ -117,8 +117,8 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
 
     # ZeRO-3's hooks wait between one module's kernels and the next's: each of the step's gaps after
     # its share of the dense work, at that work's power. The host's other issue waits come between
-    # kernels launched one by one, after stretches too short to heat them: at `wait` (with them hot,
-    # ZeRO-1/2's host-bound steps came out 4% over).
+    # kernels launched one by one, after stretches too short to heat them: at `wait` (with ZeRO-1/2's
+    # gradient hooks hot too, their host-bound steps came out 4% over in-sample).
     gaps = timing.hook_gaps
     hooks_hot_s = gaps * hot_tail_s(profile, per(dense_s, gaps), per(timing.hook_wait_s, gaps))
     wait_energy = {  # per GPU

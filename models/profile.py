@@ -303,7 +303,8 @@ class WaitDecay(_Strict):
     of 16-40 us after 40 us GEMMs, 90-130 us after 290 us, 300-400 us after 1.1 ms, about 0.6 ms
     after 2 ms bursts, and 31 ms after 100 ms bursts (`decay_s` after `burst_s`, calibration family
     `wait_decay`). Longer stretches were not measured: the constant is held at `decay_s` there (taken
-    as growing on, the CPU optimizer's waits after 0.3-1 s micro-steps came out 9% hot)."""
+    as growing on, ZeRO-2 offload steps, whose CPU optimizer waits after 0.3-1 s micro-steps, came out
+    9% over in-sample)."""
 
     decay_s: Seconds
     burst_s: Seconds
