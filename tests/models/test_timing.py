@@ -255,6 +255,21 @@ def test_optimizer_offload_moves_gradients_down_and_parameters_up(gh200):
     assert _phases(sp, gh200)["host_transfer"] == pytest.approx((4 + 4) * per_byte + 2 * 2 * per_byte)
 
 
+def test_zero2_offloads_accumulation_round_trip_is_waited_on_even_with_overlap(gh200):
+    """Each parameter's hook waits for the previous one's copies (DeepSpeed 0.19.8): ZeRO-2 offload's
+    round trip through the host buffer adds to the backward with overlap_comm on, where ZeRO-3
+    offload's gradient copies hide behind a long backward."""
+    per_byte = P7 / 4 / float(gh200.host.d2h(1e9))
+    long_steps = Workload(load_architecture("llama-2-7b"), 32768)
+
+    def transfer(stage, ga):
+        s = Strategy(gpus=4, gpus_per_node=4, zero_stage=stage, offload_optimizer="cpu", grad_accum=ga)
+        return _phases(s, gh200, long_steps)["host_transfer"]
+
+    assert transfer(2, 3) - transfer(2, 1) == pytest.approx((2 * 4 + 2) * per_byte)
+    assert transfer(3, 3) == pytest.approx(transfer(3, 1), rel=1e-6)
+
+
 def test_cpu_checkpointing_copies_each_checkpoint_down_and_up(gh200):
     rate = float(gh200.host.d2h(1e9))
     s = Strategy(gpus=1, gpus_per_node=1, checkpoint_every=1, cpu_checkpointing=True, grad_accum=2)
