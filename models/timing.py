@@ -424,6 +424,7 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
         return _host_wait(host_s, gpu_s) + serial * np.minimum(host_s, gpu_s)
 
     wait_normal, wait_last = exposed(normal_gpu_s, issue_normal), exposed(last_gpu_s, issue_last)
+
     def hook_share(host_s):  # the waits split between the issue's parts as the host's time does
         return np.divide(module_hooks, host_s, out=np.zeros_like(host_s), where=host_s > 0)
 
