@@ -10,28 +10,53 @@ measures where between the extremes a training step's kernels fall:
   - `gapped`: one kernel, then the host waits until it ends and spins for a gap before the next,
     as when the host's issue time outlasts the GPU's work.
 One JSON line a window to the file named by argv[1]: time, calls, busy seconds, energy, power.
-NVML's energy counter (mJ) on GPU 0; each window at least WINDOW_S after a warm-up. Without a GPU
-it runs the same windows at tiny sizes on the CPU, its meter reported absent (energy and power null).
+The calibration's GPU meter (`calibration.meters`: NVML's energy counter) for CUDA device 0; each
+window at least WINDOW_S after a warm-up. Without a GPU it runs the same windows at tiny sizes on
+the CPU, its meter reported absent (energy and power null).
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from calibration.meters import NullGpuMeter, open_gpu_meter  # noqa: E402
+from calibration.sensors import GpuMeter  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 WINDOW_S = 1.5 if GPU else 0.05
 WARM_S = 0.3 if GPU else 0.01
-# (tokens, (hidden, FFN) pairs, attention sequences, copy bytes, gapped GEMM shapes, gaps)
-SIZES = ((512, 1024, 2048, 4096, 8192, 16384), ((896, 4864), (2048, 5632), (2048, 11008), (4096, 11008)),
-         (512, 1024, 2048, 4096, 8192, 16384), (2**20, 8 * 2**20, 64 * 2**20, 512 * 2**20),
-         (("small", (1024, 6144, 2048)), ("medium", (4096, 11008, 2048)), ("large", (8192, 11008, 4096))),
-         (0.0, 5e-5, 2e-4, 5e-4, 1e-3, 3e-3)) if GPU else \
-        ((16,), ((32, 64),), (16,), (2**12,), (("small", (16, 32, 16)),), (0.0, 1e-4))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the windows run: decoder GEMMs of each token count at each (hidden, FFN) width, causal
+    attention at each sequence, copies of each size, and each named GEMM (m, n, k) after each gap."""
+
+    tokens: tuple[int, ...]
+    widths: tuple[tuple[int, int], ...]
+    attention_seqs: tuple[int, ...]
+    copy_bytes: tuple[int, ...]
+    gapped_gemms: tuple[tuple[str, tuple[int, int, int]], ...]
+    gaps_s: tuple[float, ...]
+
+
+SIZES = Sizes(tokens=(512, 1024, 2048, 4096, 8192, 16384),
+              widths=((896, 4864), (2048, 5632), (2048, 11008), (4096, 11008)),
+              attention_seqs=(512, 1024, 2048, 4096, 8192, 16384),
+              copy_bytes=(2**20, 8 * 2**20, 64 * 2**20, 512 * 2**20),
+              gapped_gemms=(("small", (1024, 6144, 2048)), ("medium", (4096, 11008, 2048)),
+                            ("large", (8192, 11008, 4096))),
+              gaps_s=(0.0, 5e-5, 2e-4, 5e-4, 1e-3, 3e-3)) if GPU else \
+    Sizes(tokens=(16,), widths=((32, 64),), attention_seqs=(16,), copy_bytes=(2**12,),
+          gapped_gemms=(("small", (16, 32, 16)),), gaps_s=(0.0, 1e-4))
 
 
 def sync() -> None:
@@ -39,19 +64,27 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def energy_j(handle) -> float | None:
-    if handle is None:
-        return None
-    import pynvml
+@dataclass(frozen=True)
+class Meter:
+    """The calibration's GPU energy meter (`calibration.meters`), read for CUDA device 0."""
 
-    return pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1e3
+    sensor: GpuMeter
+    index: int
 
+    @classmethod
+    def open(cls) -> "Meter":
+        sensor = open_gpu_meter() if GPU else NullGpuMeter("no GPU")
+        return cls(sensor, sensor.meter_indices([0])[0] if sensor.present else 0)
 
-def window(handle, wall_s: float, e0: float | None) -> dict:
-    """Energy and mean power of a window that began at energy counter `e0`; null without a meter."""
-    e = energy_j(handle)
-    energy = None if e is None or e0 is None else e - e0
-    return {"wall_s": wall_s, "energy_j": energy, "avg_w": None if energy is None else energy / wall_s}
+    def read_j(self) -> float | None:
+        readings = self.sensor.read_j([self.index])
+        return None if readings is None else readings[self.index]
+
+    def window(self, wall_s: float, e0: float | None) -> dict:
+        """Energy and mean power of a window that began at reading `e0`; null without a meter."""
+        e = self.read_j()
+        energy = None if e is None or e0 is None else e - e0
+        return {"wall_s": wall_s, "energy_j": energy, "avg_w": None if energy is None else energy / wall_s}
 
 
 def per_call_s(fn) -> float:
@@ -65,26 +98,26 @@ def per_call_s(fn) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def back_to_back(handle, fn) -> dict:
+def back_to_back(meter: Meter, fn) -> dict:
     t = per_call_s(fn)
     calls = max(1, int(WINDOW_S / t))
     for _ in range(max(1, int(WARM_S / t))):
         fn()
     sync()
-    e0, t0 = energy_j(handle), time.perf_counter()
+    e0, t0 = meter.read_j(), time.perf_counter()
     for _ in range(calls):
         fn()
     sync()
     wall = time.perf_counter() - t0
-    return {"call_s": t, "calls": calls, "busy_s": wall, **window(handle, wall, e0)}
+    return {"call_s": t, "calls": calls, "busy_s": wall, **meter.window(wall, e0)}
 
 
-def gapped(handle, fn, gap_s: float) -> dict:
+def gapped(meter: Meter, fn, gap_s: float) -> dict:
     t = per_call_s(fn)
     for _ in range(max(1, int(WARM_S / t))):
         fn()
     sync()
-    calls, e0, t0 = 0, energy_j(handle), time.perf_counter()
+    calls, e0, t0 = 0, meter.read_j(), time.perf_counter()
     while time.perf_counter() - t0 < WINDOW_S:
         fn()
         sync()
@@ -93,7 +126,7 @@ def gapped(handle, fn, gap_s: float) -> dict:
             pass
         calls += 1
     wall = time.perf_counter() - t0
-    return {"call_s": t, "gap_s": gap_s, "calls": calls, "busy_s": calls * t, **window(handle, wall, e0)}
+    return {"call_s": t, "gap_s": gap_s, "calls": calls, "busy_s": calls * t, **meter.window(wall, e0)}
 
 
 def gemm(m: int, n: int, k: int):
@@ -103,58 +136,52 @@ def gemm(m: int, n: int, k: int):
     return (lambda: torch.matmul(a, b, out=out)), 2.0 * m * n * k
 
 
-def idle(handle, name: str) -> dict:
-    e0, t0 = energy_j(handle), time.perf_counter()
+def idle(meter: Meter, name: str) -> dict:
+    e0, t0 = meter.read_j(), time.perf_counter()
     time.sleep(2.0 if GPU else 0.01)
-    return {"kind": name, **window(handle, time.perf_counter() - t0, e0)}
+    return {"kind": name, **meter.window(time.perf_counter() - t0, e0)}
 
 
 def main(path: str) -> None:
-    handle = None
-    if GPU:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    tokens_list, widths, seqs, copies, gapped_shapes, gaps = SIZES
+    meter = Meter.open()
     out = open(path, "a")
 
     def emit(row: dict) -> None:
-        row["meter"] = "nvml" if handle is not None else "absent"
+        row["meter"] = meter.sensor.kind
         out.write(json.dumps(row) + "\n")
         out.flush()
         print(json.dumps(row), flush=True)
 
     time.sleep(2.0 if GPU else 0.0)
-    emit(idle(handle, "idle"))
-    for tokens in tokens_list:
-        for hidden, ffn in widths:
+    emit(idle(meter, "idle"))
+    for tokens in SIZES.tokens:
+        for hidden, ffn in SIZES.widths:
             for op, (m, n, k) in (("qkv", (tokens, 3 * hidden, hidden)), ("ffn_up", (tokens, ffn, hidden)),
                                   ("ffn_down", (tokens, hidden, ffn))):
                 fn, flops = gemm(m, n, k)
-                emit({"kind": "gemm", "op": op, "m": m, "n": n, "k": k, "flops": flops, **back_to_back(handle, fn)})
+                emit({"kind": "gemm", "op": op, "m": m, "n": n, "k": k, "flops": flops, **back_to_back(meter, fn)})
     heads, head_dim = (16, 128) if GPU else (2, 16)
-    for seq in seqs:
-        batch = max(1, seqs[-1] // seq)
+    for seq in SIZES.attention_seqs:
+        batch = max(1, SIZES.attention_seqs[-1] // seq)
         q, k, v = (torch.randn(batch, heads, seq, head_dim, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
                    for _ in range(3))
         shape = {"seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim}
         emit({"kind": "attention_fwd", **shape,
-              **back_to_back(handle, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))})
+              **back_to_back(meter, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))})
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         g = torch.randn_like(o)
         emit({"kind": "attention_bwd", **shape,
-              **back_to_back(handle, lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))})
+              **back_to_back(meter, lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))})
         del q, k, v, o, g
-    for nbytes in copies:
+    for nbytes in SIZES.copy_bytes:
         src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=DEVICE)
         dst = torch.empty_like(src)
-        emit({"kind": "copy", "bytes": nbytes, **back_to_back(handle, lambda: dst.copy_(src))})
-    for name, (m, n, k) in gapped_shapes:
+        emit({"kind": "copy", "bytes": nbytes, **back_to_back(meter, lambda: dst.copy_(src))})
+    for name, (m, n, k) in SIZES.gapped_gemms:
         fn, flops = gemm(m, n, k)
-        for gap_s in gaps:
-            emit({"kind": "gapped", "size": name, "m": m, "n": n, "k": k, "flops": flops, **gapped(handle, fn, gap_s)})
-    emit(idle(handle, "idle_after"))
+        for gap_s in SIZES.gaps_s:
+            emit({"kind": "gapped", "size": name, "m": m, "n": n, "k": k, "flops": flops, **gapped(meter, fn, gap_s)})
+    emit(idle(meter, "idle_after"))
 
 
 if __name__ == "__main__":
