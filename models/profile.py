@@ -483,8 +483,8 @@ class HardwareProfile(_Strict):
             raise ValueError(f"power.gpu.idle: {idle} W is above gpu.power_cap {cap} W")
         gp = self.power.gpu
         watts = {phase: getattr(gp, phase).value for phase in GpuPower.model_fields if phase != "wait_decay"}
-        for key in ("decay_s", "burst_s"):
-            seconds = getattr(gp.wait_decay, key).value if gp.wait_decay is not None else 1.0
+        for key in ("decay_s", "burst_s") if gp.wait_decay is not None else ():
+            seconds = getattr(gp.wait_decay, key).value
             if not seconds > 0:
                 raise ValueError(f"power.gpu.wait_decay.{key}: must be positive (s), got {seconds}")
         for phase, w in watts.items():
