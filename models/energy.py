@@ -33,7 +33,7 @@ import numpy as np
 
 from models.profile import HardwareProfile
 from models.strategy import StrategyBatch
-from models.timing import COMPUTE_PHASES, PHASES, StepTiming, cpu_threads
+from models.timing import COMPUTE_PHASES, PHASES, StepTiming, cpu_threads, divide_or_zero
 
 # Which GPU power figure each phase draws (per GPU); compute phases split with `overlap`.
 PHASE_POWER = {
@@ -86,10 +86,7 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
     module = profile.power.nvml_scope == "module"
     phases = timing.phase_time_s
 
-    compute_total = sum(phases[k] for k in COMPUTE_PHASES)
-    share = np.divide(timing.overlapped_compute_s, compute_total, out=np.zeros_like(compute_total),
-                      where=compute_total > 0)
-    share = np.clip(share, 0.0, 1.0)
+    share = np.clip(divide_or_zero(timing.overlapped_compute_s, sum(phases[k] for k in COMPUTE_PHASES)), 0.0, 1.0)
     overlap_w = gp.overlap.value
 
     busy_cores = np.minimum(cpu_threads(b, profile) * b.ranks_per_node, profile.host.cores.value)
@@ -101,9 +98,6 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
     dense = [name for name in PHASES if PHASE_POWER[name] in HOT_POWERS]
     dense_s = sum(phases[k] for k in dense)
     dense_excess_j = sum(phases[k] * (phase_w[k] - wait_w) for k in dense)  # per GPU, above `wait`
-
-    def per(total, n):
-        return np.divide(total, n, out=np.zeros_like(np.asarray(total, dtype=float)), where=n > 0)
 
     # The waits a step has once come after the last micro-step, and start at the micro-steps' mean power.
     issue_wait = timing.host_issue_wait_s
@@ -120,9 +114,9 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
     # kernels launched one by one, after stretches too short to heat them: at `wait` (with ZeRO-1/2's
     # gradient hooks hot too, their host-bound steps came out 4% over in-sample).
     gaps = timing.hook_gaps
-    hooks_hot_s = gaps * hot_tail_s(profile, per(dense_s, gaps), per(timing.hook_wait_s, gaps))
+    hooks_hot_s = gaps * hot_tail_s(profile, divide_or_zero(dense_s, gaps), divide_or_zero(timing.hook_wait_s, gaps))
     wait_energy = {  # per GPU
-        "deepspeed_overhead": once(step_wait) + issue_wait * wait_w + per(dense_excess_j, dense_s) * hooks_hot_s,
+        "deepspeed_overhead": once(step_wait) + issue_wait * wait_w + divide_or_zero(dense_excess_j, dense_s) * hooks_hot_s,
         "cpu_optimizer": once(phases["cpu_optimizer"]),
     }
     gpu_e, cpu_e = {}, {}

@@ -128,6 +128,12 @@ def _overlap(profile: HardwareProfile, compute, coll, copy, overlap_on) -> Windo
 HOST_OVERLAP_SHARPNESS = 8.0
 
 
+def divide_or_zero(total, n) -> np.ndarray:
+    """total / n, and 0 where n is 0 (shares and means of phases a strategy may not have)."""
+    total = np.asarray(total, dtype=float)
+    return np.divide(total, n, out=np.zeros(np.broadcast(total, n).shape), where=np.asarray(n) > 0)
+
+
 def _host_wait(host_s, gpu_s) -> np.ndarray:
     """GPU seconds spent waiting on the host: a smooth max(host, gpu) - gpu.
 
@@ -425,11 +431,10 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
 
     wait_normal, wait_last = exposed(normal_gpu_s, issue_normal), exposed(last_gpu_s, issue_last)
 
-    def hook_share(host_s):  # the waits split between the issue's parts as the host's time does
-        return np.divide(module_hooks, host_s, out=np.zeros_like(host_s), where=host_s > 0)
-
-    return _Overhead(step_s=overhead, issue_wait_s=(ga - 1.0) * wait_normal + wait_last,
-                     hook_wait_s=(ga - 1.0) * wait_normal * hook_share(issue_normal) + wait_last * hook_share(issue_last),
+    # The waits split between the issue's parts as the host's time does.
+    hook_wait = ((ga - 1.0) * wait_normal * divide_or_zero(module_hooks, issue_normal)
+                 + wait_last * divide_or_zero(module_hooks, issue_last))
+    return _Overhead(step_s=overhead, issue_wait_s=(ga - 1.0) * wait_normal + wait_last, hook_wait_s=hook_wait,
                      hook_gaps=ga * passes)
 
 
