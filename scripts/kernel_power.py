@@ -143,8 +143,8 @@ def idle(meter: Meter, name: str) -> dict:
 
 
 def main(path: str) -> None:
+    out = open(path, "a")  # first: a bad path ends the run before any window
     meter = Meter.open()
-    out = open(path, "a")
 
     def emit(row: dict) -> None:
         row["meter"] = meter.sensor.kind
@@ -185,4 +185,9 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) != 2:
+        sys.exit("usage: python scripts/kernel_power.py OUT.jsonl")
+    try:
+        main(sys.argv[1])
+    except OSError as exc:
+        sys.exit(f"kernel_power: {exc}")

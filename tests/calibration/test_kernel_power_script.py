@@ -22,3 +22,10 @@ def test_the_cpu_path_writes_every_window_with_no_energy_where_no_meter_is(tmp_p
     solid, spaced = (r for r in rows if r["kind"] == "gapped")
     assert spaced["gap_s"] > solid["gap_s"] == 0.0
     assert spaced["busy_s"] / spaced["wall_s"] < solid["busy_s"] / solid["wall_s"]  # the gaps are idle time
+
+
+def test_a_bad_output_path_ends_in_one_line_and_a_non_zero_exit(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "no" / "such" / "dir.jsonl")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().startswith("kernel_power:") and len(done.stderr.strip().splitlines()) == 1
