@@ -116,7 +116,8 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
     gaps = timing.hook_gaps
     hooks_hot_s = gaps * hot_tail_s(profile, divide_or_zero(dense_s, gaps), divide_or_zero(timing.hook_wait_s, gaps))
     wait_energy = {  # per GPU
-        "deepspeed_overhead": once(step_wait) + issue_wait * wait_w + divide_or_zero(dense_excess_j, dense_s) * hooks_hot_s,
+        "deepspeed_overhead": (once(step_wait) + issue_wait * wait_w
+                               + divide_or_zero(dense_excess_j, dense_s) * hooks_hot_s),
         "cpu_optimizer": once(phases["cpu_optimizer"]),
     }
     gpu_e, cpu_e = {}, {}

@@ -284,7 +284,8 @@ def _host_copies(profile: HardwareProfile, counts: ParamCounts, ps: _Passes, b: 
     # backward waits on them. On H200, qwen2.5-1.5b 8k took 0.455 s a micro-step beyond the first
     # at four micro-batches, 0.16 s more than its GPU work: its 3.1 GB round trip is 0.12 s.
     acc2 = z12_off & (stage == 2)
-    serial = np.where(acc2, (b.grad_accum - 1.0) * (down(BF16) + up(BF16)) + np.where(b.grad_accum > 1, up(BF16), 0.0), 0.0)
+    ga = b.grad_accum.astype(float)
+    serial = np.where(acc2, (ga - 1.0) * (down(BF16) + up(BF16)) + np.where(ga > 1, up(BF16), 0.0), 0.0)
     # Parameter offload: the bf16 partition comes up for every pass.
     f_copy = np.where(par_off, copy_s(h2d, BF16 * ps.forward_params / n,
                                       BF16 * ps.forward_params / n / max(ps.forward_modules, 1)), 0.0)
@@ -489,5 +490,6 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     step = sum(phases.values())
     overlapped = ga * wf.overlapped_compute + normal * wbn.overlapped_compute + wbl.overlapped_compute
     return StepTiming(phase_time_s=phases, step_time_s=step, overlapped_compute_s=overlapped,
-                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cpu_busy_s + z, host_issue_wait_s=host.issue_wait_s + z,
-                      hook_wait_s=host.hook_wait_s + z, hook_gaps=host.hook_gaps + z)
+                      cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cpu_busy_s + z,
+                      host_issue_wait_s=host.issue_wait_s + z, hook_wait_s=host.hook_wait_s + z,
+                      hook_gaps=host.hook_gaps + z)
