@@ -76,9 +76,9 @@ def _cpu_optimizer_check(host_probe: dict, strategy, profile) -> HostCheck | Non
                      f"{'s' * (threads > 1)} a rank, {ranks} rank{'s' * (ranks > 1)}")
 
 
-def _issue_check(host_probe: dict, profile) -> HostCheck | None:
+def _issue_check(host_probe: dict, strategy, profile) -> HostCheck | None:
     """Every probed run: host-bound steps (small models, short contexts, ZeRO-3 hooks) follow it."""
-    measured_us, expected = probed_issue_us(host_probe), profile.host.issue_per_layer
+    measured_us, expected = probed_issue_us(host_probe, strategy.zero_stage), profile.host.issue_per_layer
     if not measured_us or expected is None:
         return None
     return HostCheck(profile.name, "issue time", 1e6 / measured_us, 1.0 / expected.value,
@@ -90,7 +90,7 @@ def check_host(host_probe: dict | None, strategy, profile) -> HostCheck | None:
     CPU optimizer for offload runs, the issue time for all); None where the run probed nothing."""
     if not host_probe:
         return None
-    checks = [c for c in (_cpu_optimizer_check(host_probe, strategy, profile), _issue_check(host_probe, profile))
+    checks = [c for c in (_cpu_optimizer_check(host_probe, strategy, profile), _issue_check(host_probe, strategy, profile))
               if c is not None]
     return max(checks, key=lambda c: c.distance, default=None)
 

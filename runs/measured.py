@@ -102,7 +102,7 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
     workload = Workload(arch, c.seq_len, images=c.images, frames=c.frames, image_size=c.image_size,
                         train_vision=not c.freeze_vision, loss_dtype=c.loss_dtype)
     energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
-    issue_us = probed_issue_us(r.host_probe)
+    issue_us = probed_issue_us(r.host_probe, c.zero_stage)
     # The model's reserved pool is the default caching allocator's; another setting's (expandable
     # segments: data/runs/README.md) says nothing about it.
     reserved = r.peak_gpu_reserved_gib if not r.machine.get("cuda_alloc_conf") else None
@@ -126,7 +126,7 @@ def mean_of_repeats(records: list[RunRecord]) -> RunRecord:
     if len(records) == 1:
         return latest
     energies = [r.result.gpu_energy_j for r in records if r.result.gpu_energy_j]
-    issues = [probed_issue_us(r.result.host_probe) for r in records]
+    issues = [probed_issue_us(r.result.host_probe, r.candidate.zero_stage) for r in records]
     probe = {"issue_us_per_layer": _geometric_mean(issues)} if all(issues) else None
     result = dataclasses.replace(latest.result, step_time_s=_geometric_mean([r.result.step_time_s for r in records]),
                                  gpu_energy_j=_geometric_mean(energies), host_probe=probe)

@@ -99,6 +99,10 @@ def combine(per_rank: list[dict], issue_after_per_rank: list[float | None] | Non
     return {
         "issue_us_per_layer": None if any(i is None for i in issue) else max(issue),
         "issue_us_per_layer_after": None if any(a is None for a in after) else max(after),
+        # Probes time torch's own linear, not the one deepspeed.zero.Init leaves behind
+        # (calibration.microbench.cpu.torch_own_linear); records without this took ZeRO-3's after-probe
+        # through DeepSpeed's wrapper.
+        "issue_probe_linear": "torch",
         "cpu_adam_params_per_s": None if any(a is None for a in adam) else min(adam),
         "threads": per_rank[0]["threads"],
         "per_rank": per_rank,

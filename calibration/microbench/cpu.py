@@ -9,6 +9,7 @@ Only local rank 0 runs these, with all the host's cores: the node's ranks share 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -114,11 +115,33 @@ ISSUE_PROBE_WIDTH = 64
 ISSUE_PROBE_REPEATS = 20
 
 
+@contextlib.contextmanager
+def torch_own_linear():
+    """torch.nn.functional.linear as torch ships it, for the duration.
+
+    deepspeed.zero.Init replaces it for good with its ZeRO-3 linear (an autograd Function in Python;
+    partition_parameters.py: "This will persist unless manually reset"). A probe taken after a ZeRO-3
+    model was built would time that wrapper, not the host: it read 2.3x slower on this CPU and 1.55x
+    on lent H200 hosts (2026-12-02, data/runs/README.md)."""
+    patched = torch.nn.functional.linear
+    torch.nn.functional.linear = torch._C._nn.linear
+    try:
+        yield
+    finally:
+        torch.nn.functional.linear = patched
+
+
 def issue_us_per_layer(device, sync) -> float:
     """Host microseconds to issue one tiny linear layer's forward and backward (median of 5 rounds).
 
     The layers are tiny, so the GPU waits on the host throughout: this is Python dispatch, autograd
-    and kernel launch, the work that bounds small or short-context steps and ZeRO-3's hooks."""
+    and kernel launch, the work that bounds small or short-context steps and ZeRO-3's hooks. The
+    layers run torch's own linear whatever a library put in its place (`torch_own_linear`)."""
+    with torch_own_linear():
+        return _issue_us_per_layer(device, sync)
+
+
+def _issue_us_per_layer(device, sync) -> float:
     width = ISSUE_PROBE_WIDTH
     net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(ISSUE_PROBE_LAYERS)]).to(device)
     x = torch.randn(8, width, device=device)

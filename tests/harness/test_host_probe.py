@@ -49,11 +49,36 @@ def test_the_issue_time_after_the_window_is_the_slowest_ranks_and_unknown_if_any
 
 
 def test_a_run_is_taken_at_the_geometric_mean_of_its_probes_before_and_after_the_window():
-    assert probed_issue_us({"issue_us_per_layer": 100.0, "issue_us_per_layer_after": 400.0}) == 200.0
-    assert probed_issue_us({"issue_us_per_layer": 100.0, "issue_us_per_layer_after": None}) == 100.0
-    assert probed_issue_us({"issue_us_per_layer": 100.0}) == 100.0  # a record from before the second probe
-    assert probed_issue_us({"issue_us_per_layer": None, "issue_us_per_layer_after": 90.0}) is None
-    assert probed_issue_us(None) is None
+    assert probed_issue_us({"issue_us_per_layer": 100.0, "issue_us_per_layer_after": 400.0}, 2) == 200.0
+    assert probed_issue_us({"issue_us_per_layer": 100.0, "issue_us_per_layer_after": None}, 2) == 100.0
+    assert probed_issue_us({"issue_us_per_layer": 100.0}, 2) == 100.0  # a record from before the second probe
+    assert probed_issue_us({"issue_us_per_layer": None, "issue_us_per_layer_after": 90.0}, 2) is None
+    assert probed_issue_us(None, 2) is None
+
+
+def test_a_zero3_after_probe_counts_only_where_it_timed_torchs_own_linear():
+    legacy = {"issue_us_per_layer": 100.0, "issue_us_per_layer_after": 400.0}
+    assert probed_issue_us(legacy, 3) == 100.0  # timed deepspeed.zero.Init's wrapper: not the host
+    assert probed_issue_us({**legacy, "issue_probe_linear": "torch"}, 3) == 200.0
+    ranks = [{"issue_us_per_layer": 30.0, "cpu_adam_params_per_s": None, "threads": 16}]
+    assert probed_issue_us(combine(ranks, [120.0]), 3) == 60.0  # the harness marks its probes
+
+
+def test_the_probe_times_torchs_linear_and_leaves_a_replacement_in_place(monkeypatch):
+    """deepspeed.zero.Init leaves its own linear in torch.nn.functional for good; the probe must not
+    time it, and must not take it away from the run either."""
+    import calibration.microbench.cpu as cpu
+
+    seen = []
+
+    def wrapper(x, weight, bias=None):
+        seen.append(1)
+        return torch._C._nn.linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", wrapper)
+    assert cpu.issue_us_per_layer(torch.device("cpu"), lambda: None) > 0
+    assert not seen
+    assert torch.nn.functional.linear is wrapper
 
 
 def test_a_second_probe_that_fails_leaves_the_first(monkeypatch):
