@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,13 +135,57 @@ def mean_of_repeats(records: list[RunRecord]) -> RunRecord:
     return dataclasses.replace(latest, result=result)
 
 
+# A lent machine's lease as run notes name it: "lent 1x H200 machine X of 2026-12-01 17:05-17:10 UTC".
+_LEASE_NOTE = re.compile(r"machine(?: [A-Z]+)? of \d{4}-\d\d-\d\d(?: \d\d:\d\d-\d\d:\d\d)?")
+
+
+def lease_of(record: RunRecord) -> str | None:
+    """The one boot of one machine a run ran on: the boot id the harness records, or for runs made
+    before it did (2026-12-02), the lease their notes name; None where neither says."""
+    boot = record.result.machine.get("boot_id")
+    if boot:
+        return boot
+    for note in record.notes:
+        match = _LEASE_NOTE.search(note)
+        if match:
+            return match.group(0)
+    return None
+
+
+def lease_issue_us(records: list[RunRecord]) -> dict[str, float]:
+    """Each lease's issue time (us a layer): the median of its runs' probes.
+
+    One probe is a few seconds of a host that drifts: within one lease the probes of one call spread
+    1.2-1.5x, and a host-bound step's residual followed its own probe at about half the slope it
+    followed the lease's (2026-12-02, data/runs/README.md). The lease's median is the better measure
+    of the host a run had."""
+    probes: dict[str, list[float]] = {}
+    for record in records:
+        lease, issue = lease_of(record), probed_issue_us(record.result.host_probe, record.candidate.zero_stage)
+        if lease and issue:
+            probes.setdefault(lease, []).append(issue)
+    return {lease: statistics.median(values) for lease, values in probes.items()}
+
+
+def on_lease_host(record: RunRecord, lease_us: dict[str, float]) -> RunRecord:
+    """The record taken at its lease's issue time where the lease probed its host; else unchanged."""
+    issue = lease_us.get(lease_of(record))
+    if issue is None or not probed_issue_us(record.result.host_probe, record.candidate.zero_stage):
+        return record
+    probe = {**record.result.host_probe, "issue_us_per_layer": issue, "issue_us_per_layer_after": None}
+    return dataclasses.replace(record, result=dataclasses.replace(record.result, host_probe=probe))
+
+
 def to_run_set(records: list[RunRecord]) -> RunSet:
-    """Usable runs of `records`: failed ones counted by status, repeats of a key averaged into one."""
+    """Usable runs of `records`: failed ones counted by status, repeats of a key averaged into one, each
+    probed run at its lease's issue time (`lease_issue_us`)."""
     unique = list({(r.key, r.date): r for r in records}.values())  # one record read from two files is one run
     failed = Counter(r.result.status for r in unique if r.result.status in FAILED)
     by_key: dict[str, list[RunRecord]] = {}
     timed = [r for r in unique if r.result.status == "ok" and (r.result.step_time_s or 0) > 0]
+    lease_us = lease_issue_us(timed)
     for record in sorted(timed, key=lambda r: r.date):
+        record = on_lease_host(record, lease_us)
         by_key.setdefault(record.key, []).append(record)
     runs, skipped = [], [f"{r.key} {r.candidate.label}: no measured step time"
                          for r in unique if r.result.status == "ok" and not (r.result.step_time_s or 0) > 0]

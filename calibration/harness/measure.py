@@ -148,6 +148,9 @@ def machine_info(device_kind: str) -> dict:
         # The caching allocator's settings decide how far torch's reserved pool exceeds its peak
         # allocation (expandable segments about halved the excess on H200): a run's reserved memory needs them.
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        # One boot of one machine (lent hosts are all named "vm"): runs.measured takes a host's speed
+        # from all the runs of its boot.
+        "boot_id": _boot_id(),
     }
     if device_kind == "cuda":
         info["cuda"] = torch.version.cuda
@@ -159,6 +162,13 @@ def machine_info(device_kind: str) -> dict:
         info["driver"] = meter.driver_version() or f"unknown ({meter.kind} GPU meter)"
         meter.close()
     return info
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _cpu_model() -> str:

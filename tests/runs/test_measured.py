@@ -92,3 +92,28 @@ def test_reserved_memory_under_another_allocator_setting_is_not_the_models(recor
     assert default.peak_gpu_reserved_gib == record.result.peak_gpu_reserved_gib is not None
     assert other.peak_gpu_reserved_gib is None
     assert other.peak_gpu_mem_gib == default.peak_gpu_mem_gib and other.step_time_s == default.step_time_s
+
+
+def _on(record, lease: dict):
+    """The record on a lease: {"boot_id": ...} in its machine, or {"note": ...} among its notes."""
+    machine = {**record.result.machine, **({"boot_id": lease["boot_id"]} if "boot_id" in lease else {})}
+    notes = [lease["note"]] if "note" in lease else []
+    return dataclasses.replace(record, result=dataclasses.replace(record.result, machine=machine), notes=notes)
+
+
+def test_probed_runs_are_taken_at_their_leases_median_probe(records):
+    from runs.measured import lease_of
+
+    boot = {"boot_id": "5d3c-boot"}
+    note = {"note": "lent 1x H200 machine Q of 2026-12-01 17:05-17:10 UTC (data/runs/README.md)"}
+    leased = [_on(_probed(records[0], 100.0, 0), boot), _on(_probed(records[1], 150.0, 1), boot),
+              _on(_probed(records[2], 400.0, 2), boot), _on(_probed(records[3], None, 3), boot),
+              _on(_probed(records[4], 220.0, 4), note), _probed(records[5], 90.0, 5)]
+    assert lease_of(leased[0]) == "5d3c-boot"
+    assert lease_of(leased[4]) == "machine Q of 2026-12-01 17:05-17:10"
+    assert lease_of(leased[5]) is None
+    runs = {r.run_id: r.host_issue_per_layer_s for r in to_run_set(leased).runs}
+    assert [runs[r.key] for r in records[:3]] == [pytest.approx(150e-6)] * 3  # the boot's median
+    assert runs[records[3].key] is None  # not probed: the run says nothing of its host
+    assert runs[records[4].key] == pytest.approx(220e-6)  # a lease of its own
+    assert runs[records[5].key] == pytest.approx(90e-6)  # no lease known: its own probe
