@@ -10,10 +10,15 @@ def profile_band(name_or_path: str, profile: HardwareProfile) -> tuple[Band | No
     return load_band(profile_path(name_or_path), profile.to_json())
 
 
-def band_fields(band: Band | None, step_time_s: float, energy_j: float) -> dict:
-    """[low, high] at the band's level around a step time and an energy (the GPU energy's band is
-    applied to the whole energy: the CPU's part is an estimate with no error measured); None without a band."""
+def band_fields(band: Band | None, step_time_s: float, energy_j: float, host_share: float | None) -> dict:
+    """[low, high] at the band's level around a step time and an energy, from the band of steps with
+    as much of their time on the host (the GPU energy's band is applied to the whole energy: the CPU's
+    part is an estimate with no error measured); None without a band. `band_regime` names the band
+    used: host_bound, gpu_bound, or None for the band of all runs."""
     if band is None:
-        return {"step_time_s_band": None, "energy_j_band": None}
-    return {"step_time_s_band": [float(x) for x in band.step_time_s.around(step_time_s)],
-            "energy_j_band": [float(x) for x in band.gpu_energy_j.around(energy_j)]}
+        return {"step_time_s_band": None, "energy_j_band": None, "band_regime": None}
+    bands = band.for_share(host_share)
+    regime = next((name for name, b in band.regimes.items() if b is bands), None)
+    return {"step_time_s_band": [float(x) for x in bands.step_time_s.around(step_time_s)],
+            "energy_j_band": [float(x) for x in bands.gpu_energy_j.around(energy_j)],
+            "band_regime": regime}

@@ -188,7 +188,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
     for warning in thread_warnings(strategy, prof) + host_bound_notes(pred):
         click.echo(warning, err=True)
     band, why_not = profile_band(profile, prof)
-    bands = band_fields(band, pred.step_time_s, pred.energy_j)
+    bands = band_fields(band, pred.step_time_s, pred.energy_j, pred.host_share)
     if as_json:
         out = pred.to_dict()
         out.setdefault("strategy", asdict(strategy))

@@ -12,11 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from models.band import regime_of
 from runs.record import probed_issue_us
 
-# A step whose predicted time is at least this share DeepSpeed's overheads and the host's issue time
-# (kernel launches, autograd, ZeRO hooks) follows the host's single-thread speed.
-HOST_BOUND_SHARE = 0.25
 # The probe repeats within 4-7% on one host (benchmarks/host_probe.py), and one host's rate drifted
 # 15% in minutes; hosts of one kind differed up to 1.8x. Beyond 20% the host, not the noise, speaks.
 HOST_TOLERANCE = 0.20
@@ -110,10 +108,10 @@ def host_bound_notes(prediction) -> list[str]:
     """A note for a step that the host's issue speed sets (models.predict.Prediction); none otherwise.
     The same 512-token ZeRO-3 step took 0.46 s on a 2x H200 host and 0.71 s on a one-H200 slice
     (2026-12-01, data/runs/README.md): the profile's host is not every host."""
-    overhead = sum(p.time_s for p in prediction.breakdown if p.name == "deepspeed_overhead")
-    share = overhead / prediction.step_time_s if prediction.step_time_s > 0 else 0.0
-    if share < HOST_BOUND_SHARE:
+    share = prediction.host_share
+    if regime_of(share) != "host_bound":
         return []
-    return [f"note: {share:.0%} of this step is the host's issue time and DeepSpeed's overheads (kernel launches, "
-            "autograd, ZeRO hooks), which follow the host's single-thread speed: lent H200 hosts ran such steps up "
-            "to 1.5x apart. More work per launch (a longer context, a larger micro-batch) hides it behind the GPU."]
+    return [f"note: {share:.0%} of this step is the host's (kernel launches, autograd, ZeRO hooks, DeepSpeed's host "
+            "work, the CPU optimizer), which follows the host's speed: lent H200 hosts ran such steps up to 1.75x "
+            "apart, and the band around this prediction is the wider one of host-bound steps. More work per launch "
+            "(a longer context, a larger micro-batch) hides the issue time behind the GPU."]

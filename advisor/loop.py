@@ -6,7 +6,8 @@ model's error. So `recommend --validate K` runs up to K of them for a few steps 
 1. the pick;
 2. the fastest strategy, whose measured time sets the slowdown limit the pick must keep;
 3. strategies statistically tied with the pick: their prediction band on the objective overlaps
-   the pick's, and they could be within the slowdown limit;
+   the pick's, and they could be within the slowdown limit (each strategy's band is that of steps
+   with as much of their time on the host: narrow for GPU-bound steps, wide for host-bound ones);
 4. for diversity, the best of each family the user would weigh (offload or not, checkpointing,
    each sp, each GPU count) that could be within the limit.
 
@@ -36,16 +37,18 @@ class Chosen:
     why: str
 
 
-def _log_band(band: Band | None, objective: str) -> tuple[float, float]:
-    """The band's (low, high) log ratio for the objective's figure; (0, 0) without a band."""
+def _log_band(band: Band | None, objective: str, host_share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each candidate's (low, high) log ratio for the objective's figure, from the band of steps with
+    as much of their time on the host; (0, 0) without a band."""
+    zeros = np.zeros(len(host_share))
     if band is None:
-        return 0.0, 0.0
-    if objective == "time":
-        return band.step_time_s.low_log, band.step_time_s.high_log
-    if objective == "energy":
-        return band.gpu_energy_j.low_log, band.gpu_energy_j.high_log
-    return (band.step_time_s.low_log + band.gpu_energy_j.low_log,  # edp: the two ratios multiply
-            band.step_time_s.high_log + band.gpu_energy_j.high_log)
+        return zeros, zeros
+    low, high = zeros.copy(), zeros.copy()
+    for i, share in enumerate(host_share):
+        b = band.for_share(float(share))
+        t, e = (b.step_time_s.low_log, b.step_time_s.high_log), (b.gpu_energy_j.low_log, b.gpu_energy_j.high_log)
+        low[i], high[i] = {"time": t, "energy": e, "edp": (t[0] + e[0], t[1] + e[1])}[objective]  # edp: ratios multiply
+    return low, high
 
 
 def choose(result: SearchResult, band: Band | None, objective: str, max_slowdown: float, k: int) -> list[Chosen]:
@@ -54,14 +57,14 @@ def choose(result: SearchResult, band: Band | None, objective: str, max_slowdown
     t, e = c.run_time_s, c.run_energy_j
     value = {"time": t, "energy": e, "edp": t * e}[objective]
     feasible = np.flatnonzero(c.feasible)
-    t_low, t_high = _log_band(band, "time")
+    t_low, t_high = _log_band(band, "time", c.metrics["host_share"])
     fastest = int(feasible[np.argmin(t[feasible])])
     # Could it keep the slowdown limit? Its optimistic time against the fastest's pessimistic one.
-    limit = t[fastest] * math.exp(t_high) * (1 + max_slowdown)
-    eligible = [int(i) for i in feasible if t[i] * math.exp(t_low) <= limit]
-    low, high = _log_band(band, objective)
+    limit = t[fastest] * math.exp(t_high[fastest]) * (1 + max_slowdown)
+    eligible = [int(i) for i in feasible if t[i] * math.exp(t_low[i]) <= limit]
+    low, high = _log_band(band, objective, c.metrics["host_share"])
     pick = result.pick
-    tied = sorted((i for i in eligible if value[i] * math.exp(low) <= value[pick] * math.exp(high)),
+    tied = sorted((i for i in eligible if value[i] * math.exp(low[i]) <= value[pick] * math.exp(high[pick])),
                   key=lambda i: value[i])
     out = [Chosen(pick, "the model's pick")]
     if t[pick] > t[fastest] * (1 + 1e-3):
@@ -163,7 +166,8 @@ def plan_dict(result: SearchResult, chosen: list[Chosen], band: Band | None, seq
     out = []
     for ch in chosen:
         point = result.point(ch.index, seq_len)
-        out.append({"why": ch.why, **point, **band_fields(band, point["step_time_s"], point["energy_j"])})
+        out.append({"why": ch.why, **point,
+                    **band_fields(band, point["step_time_s"], point["energy_j"], point["host_share"])})
     return out
 
 

@@ -178,7 +178,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
 
     def point(i):
         p = result.point(i, workload.seq_len)
-        return {**p, **band_fields(band, p["step_time_s"], p["energy_j"])}
+        return {**p, **band_fields(band, p["step_time_s"], p["energy_j"], p["host_share"])}
 
     loop = None
     if req.loop is not None:

@@ -24,8 +24,12 @@ def _hours(s: float) -> str:
     return f"{s / 3600:,.2f}"
 
 
-def _band_text(band, level) -> str:
-    return "" if band is None else f" ({level:.0%} band {band[0]:,.3g} - {band[1]:,.3g})"
+def _band_text(band, level, regime: str | None) -> str:
+    """The band, and whose it is: that of host-bound or GPU-bound steps, or of all runs."""
+    if band is None:
+        return ""
+    whose = {"host_bound": " of host-bound steps", "gpu_bound": " of GPU-bound steps"}.get(regime, "")
+    return f" ({level:.0%} band{whose} {band[0]:,.3g} - {band[1]:,.3g})"
 
 
 def show_prediction(out: Console, pred, strategy, title: str, trust: str, bands: dict, level: float | None,
@@ -38,15 +42,16 @@ def show_prediction(out: Console, pred, strategy, title: str, trust: str, bands:
     cpu_note = " (estimated)" if getattr(pred, "cpu_energy_estimated", False) else ""
     if getattr(pred, "cpu_energy_in_gpu_energy", False):
         cpu_note += ", inside the GPU figure (module meter), not added again"
+    regime = bands["band_regime"]
     rows = [
         ("strategy", strategy.label()),
         ("global batch", f"{strategy.global_batch} sequences (micro-batch {strategy.micro_batch} x dp {strategy.dp}"
                          f" x accumulation {strategy.grad_accum})"),
-        ("step time", f"{pred.step_time_s:,.3f} s{_band_text(bands['step_time_s_band'], level)}"),
+        ("step time", f"{pred.step_time_s:,.3f} s{_band_text(bands['step_time_s_band'], level, regime)}"),
         ("throughput", f"{pred.tokens_per_s:,.0f} tokens/s"),
         ("GPU energy / step", f"{pred.gpu_energy_j:,.0f} J (all {strategy.gpus} GPUs)"),
         ("CPU energy / step", f"{pred.cpu_energy_j:,.0f} J{cpu_note}"),
-        ("energy / step", f"{pred.energy_j:,.0f} J{_band_text(bands['energy_j_band'], level)}"),
+        ("energy / step", f"{pred.energy_j:,.0f} J{_band_text(bands['energy_j_band'], level, regime)}"),
         ("peak GPU memory", f"{pred.peak_gpu_mem_gib:,.1f} GiB"),
         ("peak host memory", f"{pred.peak_host_mem_gib:,.1f} GiB"),
         ("feasible", "yes" if pred.feasible else "[red]no[/red]: " + "; ".join(pred.reasons)),

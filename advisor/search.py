@@ -39,7 +39,8 @@ def auto_method(points: StrategyBatch) -> str:
     return "exhaustive" if len(points) <= EXHAUSTIVE_MAX_STRATEGIES else "optuna"
 
 
-METRICS = ("step_time_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib")
+METRICS = ("step_time_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib",
+           "host_share")
 CONSTRAINTS = ("gpu_memory", "host_memory", "static", "other")
 
 
@@ -381,7 +382,8 @@ def _result_from_study(problem: Problem, study, objective: str, max_slowdown: fl
         rows.append(t.user_attrs["metrics"])
         feasible.append(all(v <= 0 for v in t.constraints.values()))
         violation.append(sum(max(v, 0.0) for v in t.constraints.values()))
-    metrics = {m: np.array([r[m] for r in rows], dtype=float) for m in METRICS}
+    # A study stored before a metric existed (host_share, 2026-12-02) lacks it: nan, "not known".
+    metrics = {m: np.array([r.get(m, np.nan) for r in rows], dtype=float) for m in METRICS}
     cands = _candidates(problem, strategies, metrics, feasible, violation)
     # The front by Optuna's definition (`study.best_trials`: non-dominated among feasible
     # trials), computed here without the deep copy of every trial that property makes;

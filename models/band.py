@@ -7,6 +7,13 @@ the ceil((n + 1)(1 - a/2))-th largest and as many from the bottom hold a new one
 at least 1 - a. So the band needs no model of its own: it is as wide as the model's errors on
 runs it had not seen, and `coverage` checks that claim, leave-one-out, on the runs themselves.
 
+The ratios are not exchangeable across all steps, though: a step that waits on the host follows
+the host's drift, which no profile knows (lent H200 hosts ran one host-bound step 1.5-1.75x apart).
+So the runs are split by the share of their predicted step spent on the host (Mondrian conformal
+prediction): steps under HOST_BOUND_SHARE take the band of such runs, which was about +-5% on H200,
+and the others the wider one of theirs. A regime with too few runs for the level falls back to the
+band of all runs.
+
 A band belongs to one profile: it records the profile's content hash, and one fitted to another
 version of the profile is not used.
 """
@@ -15,13 +22,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 BAND_METRICS = ("step_time_s", "gpu_energy_j")
 DEFAULT_LEVEL = 0.9
+# A predicted step with this share or more of its time on the host (DeepSpeed's host work and the
+# GPU's waits on it, the exposed CPU optimizer: models.predict.HOST_PHASES) is host-bound. On H200 the
+# 50 fitted runs under a fifth came to 2.7% (time) and 2.5% (energy) leave-one-out, the 105 others to
+# 9.4% and 7.4%; the split at a tenth or at three tenths told the two apart no better.
+HOST_BOUND_SHARE = 0.2
+REGIMES = ("gpu_bound", "host_bound")
+
+
+def regime_of(host_share: float) -> str:
+    """The band a prediction takes: host-bound at HOST_BOUND_SHARE of its step on the host, else GPU-bound."""
+    return "host_bound" if host_share >= HOST_BOUND_SHARE else "gpu_bound"
 
 
 class BandError(ValueError):
@@ -63,35 +81,66 @@ class MetricBand:
 
 
 @dataclass(frozen=True)
+class MetricBands:
+    """The bands of step time and GPU energy for one kind of step."""
+
+    step_time_s: MetricBand
+    gpu_energy_j: MetricBand
+
+
+@dataclass(frozen=True)
 class Band:
     level: float
     profile_sha256: str  # the profile's content this band was fitted with
-    step_time_s: MetricBand
+    step_time_s: MetricBand  # of all runs
     gpu_energy_j: MetricBand
     source: str
+    regimes: dict[str, MetricBands] = field(default_factory=dict)  # REGIMES with enough runs for the level
+
+    def for_share(self, host_share: float | None) -> MetricBands:
+        """The bands for a prediction with this share of its step on the host: its regime's, or all
+        runs' where the regime has none (too few runs) or the share is unknown."""
+        if host_share is not None and math.isfinite(host_share):
+            regime = self.regimes.get(regime_of(host_share))
+            if regime is not None:
+                return regime
+        return MetricBands(self.step_time_s, self.gpu_energy_j)
 
     @classmethod
     def from_residuals(cls, residuals: dict[str, list[float]], profile_json: str, source: str,
-                       level: float = DEFAULT_LEVEL) -> "Band":
-        metrics = {}
-        for metric in BAND_METRICS:
-            r = residuals[metric]
-            low, high = conformal_bounds(r, level)
-            metrics[metric] = MetricBand(low, high, len(r), coverage(r, level))
-        return cls(level, profile_digest(profile_json), source=source, **metrics)
+                       level: float = DEFAULT_LEVEL, host_shares: dict[str, list[float]] | None = None) -> "Band":
+        """From each metric's held-out log ratios, and where given the host share of each ratio's run
+        (as predicted by the profile), each regime's band besides."""
+        overall = {metric: _metric_band(residuals[metric], level) for metric in BAND_METRICS}
+        regimes = {}
+        for regime in REGIMES if host_shares else ():
+            own = {metric: [r for r, share in zip(residuals[metric], host_shares[metric], strict=True)
+                            if regime_of(share) == regime] for metric in BAND_METRICS}
+            bands = {metric: _metric_band(own[metric], level) for metric in BAND_METRICS}
+            if all(math.isfinite(b.low_log) and math.isfinite(b.high_log) for b in bands.values()):
+                regimes[regime] = MetricBands(**bands)
+        return cls(level, profile_digest(profile_json), source=source, regimes=regimes, **overall)
 
     def to_json(self) -> str:
-        return json.dumps({"kind": "energy-advisor prediction band", "version": 1, **asdict(self)}, indent=1)
+        return json.dumps({"kind": "energy-advisor prediction band", "version": 2, **asdict(self)}, indent=1)
 
     @classmethod
     def from_json(cls, text: str, origin: str) -> "Band":
+        """Version 2, and version 1 (no regimes: every prediction takes the band of all runs)."""
         try:
             data = json.loads(text)
-            assert data.pop("kind") == "energy-advisor prediction band" and data.pop("version") == 1
+            assert data.pop("kind") == "energy-advisor prediction band" and data.pop("version") in (1, 2)
             metrics = {m: MetricBand(**data.pop(m)) for m in BAND_METRICS}
-            return cls(**data, **metrics)
+            regimes = {name: MetricBands(**{m: MetricBand(**bands[m]) for m in BAND_METRICS})
+                       for name, bands in data.pop("regimes", {}).items()}
+            return cls(**data, **metrics, regimes=regimes)
         except (json.JSONDecodeError, AssertionError, KeyError, TypeError) as exc:
             raise BandError(f"{origin}: not a prediction band ({type(exc).__name__}: {exc})") from None
+
+
+def _metric_band(log_ratios: list[float], level: float) -> MetricBand:
+    low, high = conformal_bounds(log_ratios, level)
+    return MetricBand(low, high, len(log_ratios), coverage(log_ratios, level))
 
 
 def profile_digest(profile_json: str) -> str:

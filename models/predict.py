@@ -24,6 +24,17 @@ MODULE_NOTE = ("GPU energy is module power (NVML on this platform includes the C
                "CPU energy is inside it and not added again")
 
 
+# The phases that are the host's: DeepSpeed's host work with the GPU's waits on it, and the CPU
+# optimizer where the backward does not hide it. Their share of a step sets its band (models.band).
+HOST_PHASES = ("deepspeed_overhead", "cpu_optimizer")
+
+
+def host_share(phase_time_s: dict, step_time_s):
+    """The share of a step spent on the host (HOST_PHASES); scalars or arrays."""
+    host = sum(np.asarray(phase_time_s[name], dtype=float) for name in HOST_PHASES)
+    return host / np.maximum(np.asarray(step_time_s, dtype=float), 1e-30)
+
+
 @dataclass(frozen=True)
 class Phase:
     """Exposed time of one phase of a step, and the energy spent in it (all GPUs, all nodes)."""
@@ -55,11 +66,16 @@ class Prediction:
     allocated_gpu_mem_gib: float = 0.0  # comparable to torch.cuda.max_memory_allocated
     reserved_gpu_mem_gib: float = 0.0  # comparable to torch.cuda.max_memory_reserved
 
+    @property
+    def host_share(self) -> float:
+        return float(host_share({p.name: p.time_s for p in self.breakdown}, self.step_time_s))
+
     def to_dict(self) -> dict:
         """The JSON of `advisor predict --json`."""
         note = MODULE_NOTE if self.cpu_energy_in_gpu_energy else None
         return {
             "step_time_s": self.step_time_s,
+            "host_share": self.host_share,
             "gpu_energy_j": self.gpu_energy_j,
             "cpu_energy_j": self.cpu_energy_j,
             "energy_j": self.energy_j,
@@ -110,6 +126,10 @@ class BatchPrediction:
 
     def __len__(self) -> int:
         return len(self.step_time_s)
+
+    @property
+    def host_share(self) -> np.ndarray:
+        return host_share(self.phase_time_s, self.step_time_s)
 
     def reasons(self, i: int) -> list[str]:
         """Why strategy i is infeasible (empty when it is feasible)."""

@@ -46,7 +46,7 @@ class HandModel:
         zeros = np.zeros(len(batch))
         return SimpleNamespace(step_time_s=time_s, energy_j=energy_j, gpu_energy_j=energy_j, cpu_energy_j=zeros,
                                peak_gpu_mem_gib=mem, peak_host_mem_gib=zeros + 10.0, feasible=feasible,
-                               reasons=reasons)
+                               host_share=zeros, reasons=reasons)
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,21 @@ def test_without_overlapping_bands_only_the_pick_the_fastest_and_the_families(ti
     assert len(slow) == 1  # A, the pick and the fastest: B is 13% slower and C 53%
 
 
+def test_each_candidate_takes_the_band_of_its_own_regime(tiny_problem):
+    """GPU-bound steps narrow (+-1%), host-bound ones wide (+-20%): the hand model's steps are all
+    GPU-bound and none is tied with the pick, as with a +-1% band; called host-bound, all are, as with +-20%."""
+    narrow, wide = [-0.01, 0.01] * 20, [-0.2, 0.2] * 20
+    shares = [0.0] * 40 + [0.9] * 40
+    regimes = Band.from_residuals({"step_time_s": narrow + wide, "gpu_energy_j": narrow + wide}, "{}", source="test",
+                                  host_shares={"step_time_s": shares, "gpu_energy_j": shares})
+    result = exhaustive_search(tiny_problem, "energy", 0.60)
+    assert labels(result, choose(result, regimes, "energy", 0.60, k=10)) == labels(
+        result, choose(result, band(0.01, 0.01), "energy", 0.60, k=10))
+    result.candidates.metrics["host_share"][:] = 0.9
+    assert labels(result, choose(result, regimes, "energy", 0.60, k=10)) == labels(
+        result, choose(result, band(0.2, 0.2), "energy", 0.60, k=10))
+
+
 def measured(label: str, time_s: float | None, gpu_j: float | None, status: str = "ok", grad_accum: int = 1) -> Measured:
     c = Candidate(model="m", seq_len=1000, ds_config={"label": label}, label=label,
                   strategy={"micro_batch": 1, "gpus": 2, "sp": 1, "grad_accum": grad_accum})

@@ -49,3 +49,42 @@ def test_the_shipped_band_belongs_to_the_shipped_profile():
 
     band, why = load_band(profile_path("h200"), load_profile("h200").to_json())
     assert band is not None, why
+
+
+def test_host_bound_and_gpu_bound_steps_take_their_own_bands(tmp_path):
+    """Mondrian conformal: the runs are split by their predicted host share, and each regime's band
+    is made from its own runs only."""
+    from models.band import HOST_BOUND_SHARE
+
+    gpu, host = [-0.04, 0.0, 0.04] * 10, [-0.3, 0.0, 0.3] * 10
+    shares = [0.05] * 30 + [0.6] * 30
+    band = Band.from_residuals({"step_time_s": gpu + host, "gpu_energy_j": gpu + host}, "{}", source="test",
+                               host_shares={"step_time_s": shares, "gpu_energy_j": shares})
+    assert band.for_share(0.05).step_time_s.high_log == pytest.approx(0.04)
+    assert band.for_share(HOST_BOUND_SHARE).step_time_s.high_log == pytest.approx(0.3)
+    assert band.step_time_s.high_log == pytest.approx(0.3)  # all runs together
+    assert band.for_share(None) == band.for_share(float("nan"))  # unknown share: the band of all runs
+    assert band.for_share(None).step_time_s is band.step_time_s
+    path = tmp_path / "p.band.json"
+    path.write_text(band.to_json())
+    assert Band.from_json(path.read_text(), "p") == band
+
+
+def test_a_regime_with_too_few_runs_for_the_level_takes_the_band_of_all_runs():
+    ratios = [-0.1, 0.0, 0.1] * 10
+    shares = [0.05] * 27 + [0.9] * 3  # three host-bound runs cannot hold 90%
+    band = Band.from_residuals({"step_time_s": ratios, "gpu_energy_j": ratios}, "{}", source="test",
+                               host_shares={"step_time_s": shares, "gpu_energy_j": shares})
+    assert set(band.regimes) == {"gpu_bound"}
+    assert band.for_share(0.9).step_time_s is band.step_time_s
+
+
+def test_a_version_1_band_still_loads_with_one_band_for_every_step():
+    import json
+
+    band = Band.from_residuals({"step_time_s": [-0.1, 0.1] * 20, "gpu_energy_j": [-0.1, 0.1] * 20}, "{}", "test")
+    data = json.loads(band.to_json())
+    data.update(version=1)
+    del data["regimes"]
+    old = Band.from_json(json.dumps(data), "old")
+    assert old.regimes == {} and old.for_share(0.9).step_time_s == band.step_time_s
