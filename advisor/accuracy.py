@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import spearmanr
 
+from models.band import regime_of
 from models.fit import MeasuredRun, RunEvaluator
-from models.profile import HardwareProfile
 from models.held_out import HeldOutPrediction
+from models.predict import predict
+from models.profile import HardwareProfile
 
 @dataclass(frozen=True)
 class Compared:
@@ -28,6 +30,8 @@ class Compared:
     step_time_s: float
     gpu_energy_j: float
     allocated_gpu_mem_gib: float
+    # of the step on the host, as the profile predicts it for a user (models.band); nan: not known
+    host_share: float = float("nan")
 
     def error(self, metric: str) -> float | None:
         """(predicted - measured) / measured; None when not measured."""
@@ -42,13 +46,19 @@ class Compared:
 def compare_as_is(runs: list[MeasuredRun], profile: HardwareProfile) -> list[Compared]:
     """Predictions of `profile` as it is (in-sample if it was fitted to these runs)."""
     p = RunEvaluator(runs)(profile)
-    return [Compared(r, float(p.step_time_s[i]), float(p.gpu_energy_j[i]), float(p.allocated_gpu_mem_gib[i]))
-            for i, r in enumerate(runs)]
+    return [Compared(r, float(p.step_time_s[i]), float(p.gpu_energy_j[i]), float(p.allocated_gpu_mem_gib[i]),
+                     _user_host_share(r, profile)) for i, r in enumerate(runs)]
 
 
 def compare_held_out(held: list[HeldOutPrediction]) -> list[Compared]:
     """Leave-one-out predictions (`models.fit.leave_one_out`) as comparisons."""
-    return [Compared(h.run, h.step_time_s, h.gpu_energy_j, h.allocated_gpu_mem_gib) for h in held]
+    return [Compared(h.run, h.step_time_s, h.gpu_energy_j, h.allocated_gpu_mem_gib, _user_host_share(h.run, h.profile))
+            for h in held]
+
+
+def _user_host_share(run: MeasuredRun, profile: HardwareProfile) -> float:
+    """The run's host share as `profile` predicts it at its own host: what sets a user's band."""
+    return predict(run.workload, run.strategy, profile).host_share
 
 
 @dataclass(frozen=True)
@@ -149,7 +159,8 @@ class AccuracyReport:
     ranks: list[RankCheck]
     targets: list[Target]
     compared: list[Compared] = field(repr=False)
-    slices: list[FamilyRow] = field(default_factory=list)  # by GPU count, multimodal: across families
+    # across families: by GPU count, multimodal, GPU-bound and host-bound steps (models.band's regimes)
+    slices: list[FamilyRow] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         def stats(s: ErrorStats) -> dict:
@@ -208,6 +219,9 @@ def accuracy_report(compared: list[Compared], mode: str, profile: str) -> Accura
     rows = [overall] + [row(name, by_family[name]) for name in sorted(by_family)]
     slices = [row(f"{n} GPU{'s' if n > 1 else ''}", by_gpus[n]) for n in sorted(by_gpus)]
     slices += [row("multimodal", vision)] if vision else []
+    for regime, name in (("gpu_bound", "GPU-bound steps"), ("host_bound", "host-bound steps")):
+        members = [c for c in compared if np.isfinite(c.host_share) and regime_of(c.host_share) == regime]
+        slices += [row(name, members)] if members else []
     ranks = rank_checks(compared)
     return AccuracyReport(mode, profile, rows, ranks, targets(overall, ranks), compared, slices)
 

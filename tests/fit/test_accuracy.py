@@ -77,3 +77,24 @@ def test_slices_by_gpu_count_cut_across_families(small_runs):
     assert slices["1 GPU"].time.max_abs == pytest.approx(0.10) and slices["4 GPUs"].time.max_abs == pytest.approx(0.20)
     assert sum(f.n for f in report.families[1:]) == 2  # families still partition the runs
     assert "4 GPUs" in format_report(report) and report.to_dict()["slices"][1]["n"] == 1
+
+
+def test_gpu_bound_and_host_bound_steps_are_sliced_by_their_predicted_host_share(small_runs):
+    r = small_runs[0]
+    compared = [dataclasses.replace(_compared(r, 1.0, 100.0, 10.0, 1.02, 100.0, 10.0), host_share=0.05),
+                dataclasses.replace(_compared(r, 1.0, 100.0, 10.0, 1.3, 100.0, 10.0), host_share=0.6),
+                _compared(r, 1.0, 100.0, 10.0, 1.0, 100.0, 10.0)]  # share not known: in neither slice
+    slices = {s.family: s for s in accuracy_report(compared, "as-is", "t").slices}
+    assert slices["GPU-bound steps"].n == 1 and slices["GPU-bound steps"].time.mape == pytest.approx(0.02)
+    assert slices["host-bound steps"].n == 1 and slices["host-bound steps"].time.mape == pytest.approx(0.3)
+
+
+def test_a_held_out_comparison_carries_the_host_share_a_user_would_see(small_runs):
+    from advisor.accuracy import compare_as_is
+    from models.predict import predict
+    from models.profile import load_profile
+
+    profile = load_profile("h200")
+    (c,) = compare_as_is(small_runs[:1], profile)
+    assert c.host_share == pytest.approx(predict(c.run.workload, c.run.strategy, profile).host_share)
+    assert 0.0 <= c.host_share <= 1.0
