@@ -17,8 +17,7 @@ def band_fields(band: Band | None, step_time_s: float, energy_j: float, host_sha
     used: host_bound, gpu_bound, or None for the band of all runs."""
     if band is None:
         return {"step_time_s_band": None, "energy_j_band": None, "band_regime": None}
-    bands = band.for_share(host_share)
-    regime = next((name for name, b in band.regimes.items() if b is bands), None)
+    bands, regime = band.for_share(host_share), band.regime_for(host_share)
     return {"step_time_s_band": [float(x) for x in bands.step_time_s.around(step_time_s)],
             "energy_j_band": [float(x) for x in bands.gpu_energy_j.around(energy_j)],
             "band_regime": regime}

@@ -97,14 +97,18 @@ class Band:
     source: str
     regimes: dict[str, MetricBands] = field(default_factory=dict)  # REGIMES with enough runs for the level
 
+    def regime_for(self, host_share: float | None) -> str | None:
+        """The regime whose band a prediction with this share of its step on the host takes; None for
+        the band of all runs (the share unknown, or its regime without a band: too few runs)."""
+        if host_share is None or not math.isfinite(host_share):
+            return None
+        regime = regime_of(host_share)
+        return regime if regime in self.regimes else None
+
     def for_share(self, host_share: float | None) -> MetricBands:
-        """The bands for a prediction with this share of its step on the host: its regime's, or all
-        runs' where the regime has none (too few runs) or the share is unknown."""
-        if host_share is not None and math.isfinite(host_share):
-            regime = self.regimes.get(regime_of(host_share))
-            if regime is not None:
-                return regime
-        return MetricBands(self.step_time_s, self.gpu_energy_j)
+        """The bands for a prediction with this share of its step on the host (`regime_for`)."""
+        regime = self.regime_for(host_share)
+        return self.regimes[regime] if regime else MetricBands(self.step_time_s, self.gpu_energy_j)
 
     @classmethod
     def from_residuals(cls, residuals: dict[str, list[float]], profile_json: str, source: str,

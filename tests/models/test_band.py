@@ -88,3 +88,15 @@ def test_a_version_1_band_still_loads_with_one_band_for_every_step():
     del data["regimes"]
     old = Band.from_json(json.dumps(data), "old")
     assert old.regimes == {} and old.for_share(0.9).step_time_s == band.step_time_s
+
+
+def test_the_band_says_whose_it_is():
+    from advisor.bands import band_fields
+
+    ratios, shares = [-0.1, 0.0, 0.1] * 20, [0.05] * 30 + [0.5] * 30
+    band = Band.from_residuals({"step_time_s": ratios, "gpu_energy_j": ratios}, "{}", source="test",
+                               host_shares={"step_time_s": shares, "gpu_energy_j": shares})
+    assert band_fields(band, 1.0, 100.0, 0.5)["band_regime"] == "host_bound"
+    assert band_fields(band, 1.0, 100.0, 0.01)["band_regime"] == "gpu_bound"
+    assert band_fields(band, 1.0, 100.0, None)["band_regime"] is None
+    assert band_fields(None, 1.0, 100.0, 0.5) == {"step_time_s_band": None, "energy_j_band": None, "band_regime": None}
