@@ -88,7 +88,8 @@ def check_host(host_probe: dict | None, strategy, profile) -> HostCheck | None:
     CPU optimizer for offload runs, the issue time for all); None where the run probed nothing."""
     if not host_probe:
         return None
-    checks = [c for c in (_cpu_optimizer_check(host_probe, strategy, profile), _issue_check(host_probe, strategy, profile))
+    checks = [c for c in (_cpu_optimizer_check(host_probe, strategy, profile),
+                          _issue_check(host_probe, strategy, profile))
               if c is not None]
     return max(checks, key=lambda c: c.distance, default=None)
 

@@ -31,8 +31,8 @@ BAND_METRICS = ("step_time_s", "gpu_energy_j")
 DEFAULT_LEVEL = 0.9
 # A predicted step with this share or more of its time on the host (DeepSpeed's host work and the
 # GPU's waits on it, the exposed CPU optimizer: models.predict.HOST_PHASES) is host-bound. On H200 the
-# 50 fitted runs under a fifth came to 2.7% (time) and 2.5% (energy) leave-one-out, the 105 others to
-# 9.4% and 7.4%; the split at a tenth or at three tenths told the two apart no better.
+# 51 fitted runs under a fifth came to 2.5% (time) and 2.5% (energy) leave-one-out, the 104 others to
+# 9.0% and 7.0% (2026-12-02); the split at a tenth or at three tenths told the two apart no better.
 HOST_BOUND_SHARE = 0.2
 REGIMES = ("gpu_bound", "host_bound")
 
