@@ -47,17 +47,18 @@ def compare_as_is(runs: list[MeasuredRun], profile: HardwareProfile) -> list[Com
     """Predictions of `profile` as it is (in-sample if it was fitted to these runs)."""
     p = RunEvaluator(runs)(profile)
     return [Compared(r, float(p.step_time_s[i]), float(p.gpu_energy_j[i]), float(p.allocated_gpu_mem_gib[i]),
-                     _user_host_share(r, profile)) for i, r in enumerate(runs)]
+                     user_host_share(r, profile)) for i, r in enumerate(runs)]
 
 
 def compare_held_out(held: list[HeldOutPrediction]) -> list[Compared]:
     """Leave-one-out predictions (`models.fit.leave_one_out`) as comparisons."""
-    return [Compared(h.run, h.step_time_s, h.gpu_energy_j, h.allocated_gpu_mem_gib, _user_host_share(h.run, h.profile))
+    return [Compared(h.run, h.step_time_s, h.gpu_energy_j, h.allocated_gpu_mem_gib, user_host_share(h.run, h.profile))
             for h in held]
 
 
-def _user_host_share(run: MeasuredRun, profile: HardwareProfile) -> float:
-    """The run's host share as `profile` predicts it at its own host: what sets a user's band."""
+def user_host_share(run: MeasuredRun, profile: HardwareProfile) -> float:
+    """The run's host share as `profile` predicts it at the profile's own host, not the run's: what
+    picks a user's band (models.band's regimes)."""
     return predict(run.workload, run.strategy, profile).host_share
 
 

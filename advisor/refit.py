@@ -7,12 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.accuracy import AccuracyReport, accuracy_report, compare_held_out
+from advisor.accuracy import AccuracyReport, accuracy_report, compare_held_out, user_host_share
 from models.band import Band
 from models.fit import MeasuredRun, ProfileFit, prefit_profile
 from models.profile import HardwareProfile
 from models.held_out import HeldOutPrediction, choose_prior_strength, leave_one_out
-from models.predict import predict
 
 MIN_RUNS_FOR_CV = 4
 
@@ -74,7 +73,7 @@ def band_of(held: list[HeldOutPrediction], profile: HardwareProfile) -> Band:
     """The 90% band from held-out log ratios, log(measured / predicted), for `profile`; and each
     regime's, a run's regime by the share of its step on the host as `profile` predicts it for a user
     (at the profile's own host, not the run's)."""
-    share = [predict(h.run.workload, h.run.strategy, profile).host_share for h in held]
+    share = [user_host_share(h.run, profile) for h in held]
     time = [float(np.log(h.run.step_time_s / h.step_time_s)) for h in held]
     with_energy = [i for i, h in enumerate(held) if h.run.gpu_energy_j]
     energy = [float(np.log(held[i].run.gpu_energy_j / held[i].gpu_energy_j)) for i in with_energy]

@@ -31,8 +31,8 @@ HOST_PHASES = ("deepspeed_overhead", "cpu_optimizer")
 
 def host_share(phase_time_s: dict, step_time_s):
     """The share of a step spent on the host (HOST_PHASES); scalars or arrays."""
-    host = sum(np.asarray(phase_time_s[name], dtype=float) for name in HOST_PHASES)
-    return host / np.maximum(np.asarray(step_time_s, dtype=float), 1e-30)
+    return timing.divide_or_zero(sum(np.asarray(phase_time_s[name], dtype=float) for name in HOST_PHASES),
+                                 step_time_s)
 
 
 @dataclass(frozen=True)
