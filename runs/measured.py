@@ -17,7 +17,7 @@ from pathlib import Path
 
 from models.fit import MeasuredRun
 from runs.jsonl import RunFileError, read_records
-from runs.record import RunRecord, probed_issue_us
+from runs.record import RunRecord, probed_issue_us, probes_bracket_window
 from runs.store import RunStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -153,12 +153,7 @@ def lease_of(record: RunRecord) -> str | None:
 
 
 def lease_issue_us(records: list[RunRecord]) -> dict[str, float]:
-    """Each lease's issue time (us a layer): the median of its runs' probes.
-
-    One probe is a few seconds of a host that drifts: within one lease the probes of one call spread
-    1.2-1.5x, and a host-bound step's residual followed its own probe at about half the slope it
-    followed the lease's (2026-12-02, data/runs/README.md). The lease's median is the better measure
-    of the host a run had."""
+    """Each lease's issue time (us a layer): the median of its runs' probes."""
     probes: dict[str, list[float]] = {}
     for record in records:
         lease, issue = lease_of(record), probed_issue_us(record.result.host_probe, record.candidate.zero_stage)
@@ -168,9 +163,18 @@ def lease_issue_us(records: list[RunRecord]) -> dict[str, float]:
 
 
 def on_lease_host(record: RunRecord, lease_us: dict[str, float]) -> RunRecord:
-    """The record taken at its lease's issue time where the lease probed its host; else unchanged."""
+    """The record at the best measure of the host its window had: its own probes where they bracket the
+    window; else its lease's issue time (`lease_issue_us`) where the lease probed its host; else unchanged.
+
+    A lent host drifts within minutes: one lease ran the same 256-token step from 0.11 to 0.21 s in
+    eleven minutes, whichever CPU it was pinned to (machine AD, 2026-12-02, data/runs/README.md). The
+    mean of the probes on both sides of the window followed those steps (host-bound residuals against it:
+    slope 0.73, correlation 0.72, 32 runs); a single probe taken before the model is built, tens of
+    seconds earlier, hardly did (slope 0.14, 116 runs), and the lease's median was the better measure."""
     issue = lease_us.get(lease_of(record))
-    if issue is None or not probed_issue_us(record.result.host_probe, record.candidate.zero_stage):
+    zero_stage = record.candidate.zero_stage
+    if (issue is None or not probed_issue_us(record.result.host_probe, zero_stage)
+            or probes_bracket_window(record.result.host_probe, zero_stage)):
         return record
     probe = {**record.result.host_probe, "issue_us_per_layer": issue, "issue_us_per_layer_after": None}
     return dataclasses.replace(record, result=dataclasses.replace(record.result, host_probe=probe))
@@ -178,7 +182,7 @@ def on_lease_host(record: RunRecord, lease_us: dict[str, float]) -> RunRecord:
 
 def to_run_set(records: list[RunRecord]) -> RunSet:
     """Usable runs of `records`: failed ones counted by status, repeats of a key averaged into one, each
-    probed run at its lease's issue time (`lease_issue_us`)."""
+    probed run at the best measure of its host (`on_lease_host`)."""
     unique = list({(r.key, r.date): r for r in records}.values())  # one record read from two files is one run
     failed = Counter(r.result.status for r in unique if r.result.status in FAILED)
     by_key: dict[str, list[RunRecord]] = {}

@@ -30,10 +30,8 @@ def relative_sem(step_times_s: list[float]) -> float:
     return statistics.stdev(step_times_s) / statistics.fmean(step_times_s) / math.sqrt(len(step_times_s))
 
 
-def probed_issue_us(host_probe: dict | None, zero_stage: int | None) -> float | None:
-    """The host's issue time over a run (us a layer): the geometric mean of the probes before and after
-    its measured window where both ran, else the one before; None where it was not probed. A host-bound
-    step follows its host over the window, and one lent host's probe read 1.5x apart within a call.
+def _issue_probes(host_probe: dict | None, zero_stage: int | None) -> tuple[float | None, float | None]:
+    """The run's valid issue probes (us a layer), before and after its measured window.
 
     A ZeRO-3 run's after-probe counts only where the probe timed torch's own linear
     (`issue_probe_linear`): before 2026-12-02 it timed the wrapper deepspeed.zero.Init leaves in
@@ -43,9 +41,20 @@ def probed_issue_us(host_probe: dict | None, zero_stage: int | None) -> float | 
     before, after = probe.get("issue_us_per_layer"), probe.get("issue_us_per_layer_after")
     if zero_stage == 3 and probe.get("issue_probe_linear") != "torch":
         after = None
-    if before and after:
-        return math.sqrt(before * after)
-    return before or None
+    return before or None, (after or None) if before else None
+
+
+def probed_issue_us(host_probe: dict | None, zero_stage: int | None) -> float | None:
+    """The host's issue time over a run (us a layer): the geometric mean of the probes before and after
+    its measured window where both ran, else the one before; None where it was not probed. A host-bound
+    step follows its host over the window, and one lent host's probe read 1.5x apart within a call."""
+    before, after = _issue_probes(host_probe, zero_stage)
+    return math.sqrt(before * after) if after else before
+
+
+def probes_bracket_window(host_probe: dict | None, zero_stage: int | None) -> bool:
+    """Whether the run's issue time was probed on both sides of its measured window (`_issue_probes`)."""
+    return _issue_probes(host_probe, zero_stage)[1] is not None
 
 
 @dataclass(frozen=True)

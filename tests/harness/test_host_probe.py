@@ -5,7 +5,7 @@ import torch
 
 from calibration.harness.host_probe import combine, reprobe_issue
 from calibration.microbench.cpu import issue_us_per_layer
-from runs.record import probed_issue_us
+from runs.record import probed_issue_us, probes_bracket_window
 
 
 def test_the_job_takes_its_slowest_rank():
@@ -62,6 +62,16 @@ def test_a_zero3_after_probe_counts_only_where_it_timed_torchs_own_linear():
     assert probed_issue_us({**legacy, "issue_probe_linear": "torch"}, 3) == 200.0
     ranks = [{"issue_us_per_layer": 30.0, "cpu_adam_params_per_s": None, "threads": 16}]
     assert probed_issue_us(combine(ranks, [120.0]), 3) == 60.0  # the harness marks its probes
+
+
+def test_probes_bracket_the_window_only_where_both_sides_count():
+    both = {"issue_us_per_layer": 100.0, "issue_us_per_layer_after": 120.0}
+    assert probes_bracket_window(both, 2)
+    assert not probes_bracket_window({**both, "issue_us_per_layer_after": None}, 2)
+    assert not probes_bracket_window({**both, "issue_us_per_layer": None}, 2)  # an after-probe alone is no measure
+    assert not probes_bracket_window(both, 3)  # ZeRO-3's unmarked after-probe timed the wrapper
+    assert probes_bracket_window({**both, "issue_probe_linear": "torch"}, 3)
+    assert not probes_bracket_window(None, 0)
 
 
 def test_the_probe_times_torchs_linear_and_leaves_a_replacement_in_place(monkeypatch):

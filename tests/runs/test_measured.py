@@ -63,8 +63,9 @@ def test_unreadable_run_file_names_the_line(tmp_path):
         gather_records([tmp_path / "missing.jsonl"])
 
 
-def _probed(record, issue_us: float | None, minutes: int):
-    probe = None if issue_us is None else {"issue_us_per_layer": issue_us, "cpu_adam_params_per_s": None, "threads": 16}
+def _probed(record, issue_us: float | None, minutes: int, after_us: float | None = None):
+    probe = None if issue_us is None else {"issue_us_per_layer": issue_us, "issue_us_per_layer_after": after_us,
+                                           "cpu_adam_params_per_s": None, "threads": 16}
     return RunRecord(record.key, f"2026-12-01T10:{minutes:02d}:00+00:00", record.candidate,
                      dataclasses.replace(record.result, host_probe=probe))
 
@@ -117,3 +118,14 @@ def test_probed_runs_are_taken_at_their_leases_median_probe(records):
     assert runs[records[3].key] is None  # not probed: the run says nothing of its host
     assert runs[records[4].key] == pytest.approx(220e-6)  # a lease of its own
     assert runs[records[5].key] == pytest.approx(90e-6)  # no lease known: its own probe
+
+
+def test_a_run_probed_on_both_sides_of_its_window_keeps_its_own_host(records):
+    """The probes around the window follow a drifting host; the lease's median stands in only for runs
+    probed once, before their model was built."""
+    boot = {"boot_id": "5d3c-boot"}
+    leased = [_on(_probed(records[0], 100.0, 0), boot), _on(_probed(records[1], 200.0, 1), boot),
+              _on(_probed(records[2], 300.0, 2), boot), _on(_probed(records[3], 40.0, 3, after_us=90.0), boot)]
+    runs = {r.run_id: r.host_issue_per_layer_s for r in to_run_set(leased).runs}
+    assert runs[records[3].key] == pytest.approx(60e-6)  # its own: the geometric mean of 40 and 90
+    assert [runs[r.key] for r in records[:3]] == [pytest.approx(150e-6)] * 3  # the median of 100, 200, 300, 60
