@@ -31,14 +31,17 @@ def relative_sem(step_times_s: list[float]) -> float:
 
 
 def _issue_probes(host_probe: dict | None, zero_stage: int | None) -> tuple[float | None, float | None]:
-    """The run's valid issue probes (us a layer), before and after its measured window.
+    """The run's valid issue probes (us a layer), before and after its measured window. Before: the
+    probe right before the window where the harness took one (from 2026-12-02), else the one before
+    the model was built.
 
     A ZeRO-3 run's after-probe counts only where the probe timed torch's own linear
     (`issue_probe_linear`): before 2026-12-02 it timed the wrapper deepspeed.zero.Init leaves in
     torch.nn.functional.linear, 1.03-1.98x the probe before (median 1.55x, 8 runs), where the steps
     followed the probe before."""
     probe = host_probe or {}
-    before, after = probe.get("issue_us_per_layer"), probe.get("issue_us_per_layer_after")
+    before = probe.get("issue_us_per_layer_window_start") or probe.get("issue_us_per_layer")
+    after = probe.get("issue_us_per_layer_after")
     if zero_stage == 3 and probe.get("issue_probe_linear") != "torch":
         after = None
     return before or None, (after or None) if before else None

@@ -10,9 +10,10 @@ the host's speed is known, so each run records two host rates beside its result:
   optimizer or the op is already built (building it costs a minute; a run that does not use
   it does not pay for it). Taken after the issue time: OpenMP workers that still spin after a
   CPUAdam step slowed the issue time by up to 20% (benchmarks/host_probe.py).
-All ranks probe together, as they would contend in training. The issue time is taken again after
-the measured window (`reprobe_issue`): one lent host's probe read 1.5x apart within one call, and
-a host-bound step follows the host over its window, not only before it.
+All ranks probe together, as they would contend in training. The issue time is taken again right
+before the measured window and right after it (`reprobe_issue`): a lent host drifts within minutes
+(one ran the same step 0.11-0.21 s in eleven minutes, 2026-12-02), and a host-bound step follows
+the probes on both sides of its window, not the one taken before its model was built.
 """
 from __future__ import annotations
 
@@ -84,21 +85,28 @@ def _issue_us(device, sync) -> tuple[float | None, str]:
 
 
 def reprobe_issue(device, sync) -> float | None:
-    """This rank's issue time again, after the measured window; None where it fails (the run keeps
-    the probe taken before)."""
+    """This rank's issue time again, beside the measured window; None where it fails (the run keeps
+    the probe taken before its model)."""
     return _issue_us(device, sync)[0]
 
 
-def combine(per_rank: list[dict], issue_after_per_rank: list[float | None] | None = None) -> dict:
+def _slowest(issue_per_rank: list[float | None] | None) -> float | None:
+    """The slowest rank's issue time (a step waits for it); None unless every rank took it."""
+    issue = issue_per_rank or [None]
+    return None if any(i is None for i in issue) else max(issue)
+
+
+def combine(per_rank: list[dict], issue_after_per_rank: list[float | None] | None = None,
+            issue_window_start_per_rank: list[float | None] | None = None) -> dict:
     """The job's host probe: the slowest rank's rates (a step waits for it), and each rank's; a rate
-    that any rank could not measure is None. `issue_us_per_layer_after` is the slowest rank's issue
-    time after the measured window, where every rank took it."""
+    that any rank could not measure is None. `issue_us_per_layer_window_start` and
+    `issue_us_per_layer_after` are the slowest rank's issue time right before and right after the
+    measured window, where every rank took it."""
     adam = [r["cpu_adam_params_per_s"] for r in per_rank]
-    issue = [r["issue_us_per_layer"] for r in per_rank]
-    after = issue_after_per_rank or [None]
     return {
-        "issue_us_per_layer": None if any(i is None for i in issue) else max(issue),
-        "issue_us_per_layer_after": None if any(a is None for a in after) else max(after),
+        "issue_us_per_layer": _slowest([r["issue_us_per_layer"] for r in per_rank]),
+        "issue_us_per_layer_window_start": _slowest(issue_window_start_per_rank),
+        "issue_us_per_layer_after": _slowest(issue_after_per_rank),
         # Probes time torch's own linear, not the one deepspeed.zero.Init leaves behind
         # (calibration.microbench.cpu.torch_own_linear); records without this took ZeRO-3's after-probe
         # through DeepSpeed's wrapper.

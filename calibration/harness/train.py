@@ -208,7 +208,13 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     monitor = energy_monitor([local_rank] if cuda else [], sync)
     settings = WindowSettings(warmup=args.warmup, steps=args.steps, min_window_s=args.min_window_s,
                               max_steps=args.max_steps, precision=args.precision, max_window_s=args.max_window_s)
-    window = MeasuredWindow(settings, monitor, sync, torch_agree(device), process_tree_cpu_s)
+    issue_at_window = []  # the host's issue time right before the window: the probe before the model is far earlier
+
+    def probe_before_window():
+        issue_at_window.append(host_probe.reprobe_issue(device, sync))
+
+    window = MeasuredWindow(settings, monitor, sync, torch_agree(device), process_tree_cpu_s,
+                            before_window=probe_before_window)
     losses = []
     while True:
         losses.append(step())
@@ -227,8 +233,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing
         step_profile.profile_steps(step, sync, rank == 0, "step_profile.json", cuda)
     gathered = [None] * world
-    dist.all_gather_object(gathered, (mine, issue_after))
-    everyone, issues_after = [g[0] for g in gathered], [g[1] for g in gathered]
+    dist.all_gather_object(gathered, (mine, issue_after, issue_at_window[0] if issue_at_window else None))
+    everyone, issues_after, issues_at_window = [g[0] for g in gathered], [g[1] for g in gathered], [g[2] for g in gathered]
     optimizer_names = (type(engine.basic_optimizer).__name__, type(engine.optimizer).__name__)
     engine.destroy()
     timeline.mark("gathered")
@@ -244,7 +250,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         loss_first=losses[0],
         loss_last=losses[-1],
         cpu_threads_per_rank=torch.get_num_threads(),
-        host_probe=host_probe.combine(probes, issues_after),
+        host_probe=host_probe.combine(probes, issues_after, issues_at_window),
         config_adjustments=adjustments,
         timeline_s=timeline.marks,
         layout={

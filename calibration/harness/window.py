@@ -63,11 +63,15 @@ class MeasuredWindow:
     """Create it right before the first step; call `step_done()` after each step until it says True.
 
     `agree(value, "max" | "min")` reduces a number over the ranks (identity on one rank); `sync`
-    waits for the GPU; `monitor` is a `calibration.meters.EnergyMonitor` (or stands in for one)."""
+    waits for the GPU; `monitor` is a `calibration.meters.EnergyMonitor` (or stands in for one);
+    `before_window`, where given, runs once between the warm-up and the window (the host probe), on
+    no step's clock."""
 
     def __init__(self, settings: WindowSettings, monitor, sync: Callable[[], None],
-                 agree: Callable[[float, str], float], cpu_seconds: Callable[[], float]):
+                 agree: Callable[[float, str], float], cpu_seconds: Callable[[], float],
+                 before_window: Callable[[], None] | None = None):
         self.settings = settings
+        self.before_window = before_window
         self.warmup = settings.warmup
         self.monitor, self.sync, self.agree, self.cpu_seconds = monitor, sync, agree, cpu_seconds
         self.warmup_done = 0
@@ -113,13 +117,15 @@ class MeasuredWindow:
         return False
 
     def _begin(self, last_warmup_s: float | None) -> None:
+        if self.before_window is not None:
+            self.before_window()
         if last_warmup_s:
             slowest = self.agree(last_warmup_s, "max")
             s = self.settings
             self.target = max(s.steps, min(s.max_steps, math.ceil(s.min_window_s / slowest)))
         self._cpu_before = self.cpu_seconds()
         self.monitor.begin_window("measured")
-        self._start = time.perf_counter()
+        self._start = self._last = time.perf_counter()
 
     def _end(self, now: float) -> None:
         self.measurement = self.monitor.end_window("measured")

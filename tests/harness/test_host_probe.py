@@ -1,6 +1,9 @@
 """The host probe: the job's rates are its slowest rank's, and an unmeasured rank leaves CPUAdam unmeasured."""
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from calibration.harness.host_probe import combine, reprobe_issue
@@ -62,6 +65,15 @@ def test_a_zero3_after_probe_counts_only_where_it_timed_torchs_own_linear():
     assert probed_issue_us({**legacy, "issue_probe_linear": "torch"}, 3) == 200.0
     ranks = [{"issue_us_per_layer": 30.0, "cpu_adam_params_per_s": None, "threads": 16}]
     assert probed_issue_us(combine(ranks, [120.0]), 3) == 60.0  # the harness marks its probes
+
+
+def test_the_probe_right_before_the_window_stands_for_the_one_before_the_model():
+    ranks = [{"issue_us_per_layer": 300.0, "cpu_adam_params_per_s": None, "threads": 16}] * 2
+    probe = combine(ranks, [150.0, 100.0], [40.0, 60.0])
+    assert probe["issue_us_per_layer_window_start"] == 60.0  # the slowest rank
+    assert probed_issue_us(probe, 2) == pytest.approx(math.sqrt(60.0 * 150.0))
+    assert combine(ranks, [150.0, 100.0], [40.0, None])["issue_us_per_layer_window_start"] is None
+    assert probed_issue_us(combine(ranks, [150.0, 100.0], [40.0, None]), 2) == pytest.approx(math.sqrt(300.0 * 150.0))
 
 
 def test_probes_bracket_the_window_only_where_both_sides_count():

@@ -28,7 +28,8 @@ def check_measured(result: RunResult, steps: int, world: int):
     assert result.wall_s > result.timeline_s["measured"] - result.timeline_s["main"]
     probe = result.host_probe  # every rank probed its host; CPUAdam is not probed without a GPU
     assert len(probe["per_rank"]) == world and 0 < probe["issue_us_per_layer"] < 1e5
-    assert 0 < probe["issue_us_per_layer_after"] < 1e5  # and again after the window
+    assert 0 < probe["issue_us_per_layer_window_start"] < 1e5  # right before the window
+    assert 0 < probe["issue_us_per_layer_after"] < 1e5  # and again after it
     assert probe["issue_probe_linear"] == "torch"  # not the linear deepspeed.zero.Init leaves behind
     assert result.machine["boot_id"]  # the machine's boot, which its runs' probes are pooled over
     assert probe["cpu_adam_params_per_s"] is None and probe["threads"] == result.cpu_threads_per_rank

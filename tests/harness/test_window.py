@@ -54,6 +54,25 @@ def test_precision_stops_at_the_caps(monkeypatch):
     assert 2.0 <= timed.window_s <= 2.0 + 0.3
 
 
+def test_the_probe_before_the_window_runs_once_after_the_warmup_on_no_steps_clock(monkeypatch):
+    clock, calls = {"now": 0.0}, []
+    monkeypatch.setattr(window_module.time, "perf_counter", lambda: clock["now"])
+
+    def probe():
+        calls.append(clock["now"])
+        clock["now"] += 5.0  # a slow probe
+
+    w = MeasuredWindow(WindowSettings(warmup=2, steps=3, min_window_s=0.0), FakeMonitor(), sync=lambda: None,
+                       agree=lambda value, op: value, cpu_seconds=lambda: 0.0, before_window=probe)
+    for steps in range(1, 100):
+        clock["now"] += 0.5
+        if w.step_done():
+            break
+        assert len(calls) == (1 if steps >= 2 else 0)
+    assert calls == [1.0]  # after the two warm-up steps
+    assert w.step_times_s == [0.5, 0.5, 0.5] and w.window_s == pytest.approx(1.5)
+
+
 def test_settings_travel_through_the_environment_and_the_harness_options():
     s = WindowSettings(warmup=1, steps=4, min_window_s=2.5, max_steps=7, precision=0.05, max_window_s=9.0)
     assert WindowSettings.from_env(s.env()) == s
