@@ -164,6 +164,13 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> No
     for c in comparisons:
         if c.host and c.host["differs"]:
             out.print(f"{c.label}: {c.host['note']}")
+            again = c.at_probed_host
+            if again and again["error_pct"]["step_time_s"] is not None:
+                out.print(f"{c.label}: at the host its probes measured ({again['issue_us_per_layer']:.0f} us a layer) "
+                          f"the model predicts {_fmt(again['step_time_s'])} s ({again['error_pct']['step_time_s']:+.0f}%)"
+                          f" and {_fmt(again['gpu_energy_j'])} J"
+                          + (f" ({again['error_pct']['gpu_energy_j']:+.0f}%)" if again["error_pct"]["gpu_energy_j"]
+                             is not None else "") + ".")
         if c.status == "ok" and c.step_time_rel_sem is not None and not window.precise_enough(c.step_time_rel_sem):
             out.print(f"{c.label}: its mean step time is known to +-{100 * c.step_time_rel_sem:.1f}% only (the window "
                       "ran out first; a noisy host): a smaller difference from another run is not measured.")

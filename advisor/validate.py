@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from runs.record import Candidate, RunRecord, relative_sem
+from runs.record import Candidate, RunRecord, probed_issue_us, relative_sem
 
 # What is compared: (name, the prediction's key, the measured RunResult field). Like with like, as
 # `advisor report` does: allocated GPU memory against torch's max_memory_allocated, the allocator's
@@ -147,14 +147,43 @@ class Comparison:
     error_pct: dict
     host: dict | None = None  # advisor.host_check.HostCheck of the run's host against the profile's
     step_time_rel_sem: float | None = None  # how well the measured mean step is known (runs.record.relative_sem)
+    at_probed_host: dict | None = None  # the prediction made again at the host the run probed (`at_probed_host`)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def at_probed_host(record: RunRecord, profile) -> dict | None:
+    """The run's step time and GPU energy predicted again, on `profile` at the issue time the run's own
+    probes measured (`runs.record.probed_issue_us`), with their errors in percent.
+
+    A host-bound step follows its host, and a lent host drifted 1.85x within minutes (2026-12-02,
+    data/runs/README.md): where this prediction is near the measurement and the one made before the run
+    was not, the host moved, not the model. The issue time only: an offload run's CPU optimizer stays
+    the profile's. None where the run failed or did not probe its host, the profile has no issue time
+    of its own, or the record cannot be read as a run (`runs.measured.to_measured_run` says why)."""
+    from runs.measured import to_measured_run
+
+    issue_us = probed_issue_us(record.result.host_probe, record.candidate.zero_stage)
+    if record.result.status != "ok" or not issue_us or profile.host.issue_per_layer is None:
+        return None
+    from models.predict import predict_batch
+    from models.strategy import StrategyBatch
+
+    try:
+        run = to_measured_run(record)
+    except (ValueError, KeyError, TypeError):
+        return None
+    p = predict_batch(run.workload, StrategyBatch.from_strategies([run.strategy]), profile.on_host(issue_us * 1e-6))
+    predicted = {"step_time_s": float(p.step_time_s[0]), "gpu_energy_j": float(p.gpu_energy_j[0])}
+    measured = {"step_time_s": run.step_time_s, "gpu_energy_j": run.gpu_energy_j}
+    errors = {k: None if not measured[k] else 100.0 * (v - measured[k]) / measured[k] for k, v in predicted.items()}
+    return {"issue_us_per_layer": issue_us, **predicted, "error_pct": errors}
+
+
 def compare(record: RunRecord, profile=None) -> Comparison:
-    """The run's errors, and with `profile` (models.profile.HardwareProfile) its host's CPU optimizer
-    against the profile's where the run probed it."""
+    """The run's errors, and with `profile` (models.profile.HardwareProfile) its host against the
+    profile's where the run probed it, and the prediction again at that host."""
     measured = {name: getattr(record.result, field) for name, _, field in COMPARED}
     predicted = {name: (record.prediction or {}).get(key) for name, key, _ in COMPARED}
     errors = {}
@@ -171,8 +200,9 @@ def compare(record: RunRecord, profile=None) -> Comparison:
         checked = check_host(record.result.host_probe, Strategy(**record.candidate.strategy), profile)
         host = checked.to_dict() if checked else None
     spread = relative_sem(record.result.step_times_s) if record.result.step_times_s else None
+    again = at_probed_host(record, profile) if profile is not None else None
     return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors,
-                      host, spread)
+                      host, spread, again)
 
 
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,

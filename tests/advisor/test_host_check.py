@@ -1,11 +1,16 @@
 """`advisor validate` compares the CPU optimizer rate each run probed with the profile's, and names
 the commands that measure the host when they differ by more than the thread test's bound."""
+import dataclasses
+
 import pytest
 
 from advisor.host_check import HOST_TOLERANCE, check_host
 from advisor.validate import compare
+from models.architecture import load_architecture
+from models.predict import predict_batch
 from models.profile import load_profile
-from models.strategy import Strategy
+from models.strategy import Strategy, StrategyBatch
+from models.workload import Workload
 from runs.record import Candidate, RunRecord, RunResult
 
 H200 = load_profile("h200")
@@ -73,6 +78,30 @@ def test_validate_reports_the_host_beside_the_errors():
     assert compare(r).host is None  # without the profile there is nothing to hold it to
     host = compare(r, H200).host
     assert host["differs"] and host["ratio"] == pytest.approx(0.6) and "slower than predicted" in host["note"]
+
+
+def test_validate_predicts_a_run_again_at_the_host_its_probes_measured():
+    """A host-bound step on a host twice as slow as the profile's: the prediction made before the run
+    misses it, the one at the probed host does not."""
+    strategy = Strategy(gpus=1, gpus_per_node=2, zero_stage=3, cpu_threads_per_rank=16)
+    slow_us = 2 * H200.host.issue_per_layer.value * 1e6
+    workload = Workload(load_architecture("qwen2.5-0.5b"), 512)
+    at = predict_batch(workload, StrategyBatch.from_strategies([strategy]), H200.on_host(slow_us * 1e-6))
+    before = predict_batch(workload, StrategyBatch.from_strategies([strategy]), H200)
+    c = Candidate(model="qwen2.5-0.5b", seq_len=512, ds_config={}, label="x", strategy=dataclasses.asdict(strategy))
+    measured = RunResult(status="ok", step_time_s=float(at.step_time_s[0]), gpu_energy_j=float(at.gpu_energy_j[0]),
+                         host_probe={"issue_us_per_layer": slow_us, "threads": 16, "issue_probe_linear": "torch"})
+    r = RunRecord.now(c, measured, prediction={"step_time_s": float(before.step_time_s[0])})
+    compared = compare(r, H200)
+    assert compared.error_pct["step_time_s"] < -20  # made at the profile's host: far under
+    again = compared.at_probed_host
+    assert again["issue_us_per_layer"] == pytest.approx(slow_us)
+    assert again["error_pct"]["step_time_s"] == pytest.approx(0, abs=1e-6)
+    assert again["error_pct"]["gpu_energy_j"] == pytest.approx(0, abs=1e-6)
+    unprobed = RunRecord.now(c, RunResult(status="ok", step_time_s=1.0), prediction={"step_time_s": 1.0})
+    assert compare(unprobed, H200).at_probed_host is None and compare(r).at_probed_host is None
+    failed = RunRecord.now(c, RunResult(status="oom", host_probe=measured.host_probe), prediction={})
+    assert compare(failed, H200).at_probed_host is None
 
 
 def test_a_loop_names_the_run_whose_host_strayed_furthest():
