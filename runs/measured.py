@@ -176,7 +176,8 @@ def on_lease_host(record: RunRecord, lease_us: dict[str, float]) -> RunRecord:
     if (issue is None or not probed_issue_us(record.result.host_probe, zero_stage)
             or probes_bracket_window(record.result.host_probe, zero_stage)):
         return record
-    probe = {**record.result.host_probe, "issue_us_per_layer": issue, "issue_us_per_layer_after": None}
+    probe = {**record.result.host_probe, "issue_us_per_layer": issue, "issue_us_per_layer_window_start": None,
+             "issue_us_per_layer_after": None}
     return dataclasses.replace(record, result=dataclasses.replace(record.result, host_probe=probe))
 
 

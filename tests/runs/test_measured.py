@@ -129,3 +129,9 @@ def test_a_run_probed_on_both_sides_of_its_window_keeps_its_own_host(records):
     runs = {r.run_id: r.host_issue_per_layer_s for r in to_run_set(leased).runs}
     assert runs[records[3].key] == pytest.approx(60e-6)  # its own: the geometric mean of 40 and 90
     assert [runs[r.key] for r in records[:3]] == [pytest.approx(150e-6)] * 3  # the median of 100, 200, 300, 60
+    # probed right before its window but not after it: one side only, so the lease's median
+    half = _probed(records[4], 500.0, 4)
+    half = dataclasses.replace(half, result=dataclasses.replace(
+        half.result, host_probe={**half.result.host_probe, "issue_us_per_layer_window_start": 400.0}))
+    runs = {r.run_id: r.host_issue_per_layer_s for r in to_run_set(leased + [_on(half, boot)]).runs}
+    assert runs[records[4].key] == pytest.approx(200e-6)  # the median of 100, 200, 300, 60, 400
