@@ -25,10 +25,13 @@ def _fmt(value, digits: int = 3) -> str:
     return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
+def _pct(error_pct: float | None) -> str:
+    return "" if error_pct is None else f" ({error_pct:+.0f}%)"
+
+
 def _cell(comparison, metric: str) -> str:
-    p, m, e = comparison.predicted[metric], comparison.measured[metric], comparison.error_pct[metric]
-    err = "" if e is None else f" ({e:+.0f}%)"
-    return f"{_fmt(p)} / {_fmt(m)}{err}"
+    p, m = comparison.predicted[metric], comparison.measured[metric]
+    return f"{_fmt(p)} / {_fmt(m)}{_pct(comparison.error_pct[metric])}"
 
 
 def _default_store() -> Path:
@@ -165,12 +168,11 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> No
         if c.host and c.host["differs"]:
             out.print(f"{c.label}: {c.host['note']}")
             again = c.at_probed_host
-            if again and again["error_pct"]["step_time_s"] is not None:
+            if again:
+                figures = " and ".join(f"{_fmt(again[k])} {unit}{_pct(again['error_pct'][k])}"
+                                       for k, unit in (("step_time_s", "s"), ("gpu_energy_j", "J")))
                 out.print(f"{c.label}: at the host its probes measured ({again['issue_us_per_layer']:.0f} us a layer) "
-                          f"the model predicts {_fmt(again['step_time_s'])} s ({again['error_pct']['step_time_s']:+.0f}%)"
-                          f" and {_fmt(again['gpu_energy_j'])} J"
-                          + (f" ({again['error_pct']['gpu_energy_j']:+.0f}%)" if again["error_pct"]["gpu_energy_j"]
-                             is not None else "") + ".")
+                          f"the model predicts {figures}.")
         if c.status == "ok" and c.step_time_rel_sem is not None and not window.precise_enough(c.step_time_rel_sem):
             out.print(f"{c.label}: its mean step time is known to +-{100 * c.step_time_rel_sem:.1f}% only (the window "
                       "ran out first; a noisy host): a smaller difference from another run is not measured.")

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from runs.record import Candidate, RunRecord, probed_issue_us, relative_sem
+from runs.record import Candidate, RunRecord, relative_sem
 
 # What is compared: (name, the prediction's key, the measured RunResult field). Like with like, as
 # `advisor report` does: allocated GPU memory against torch's max_memory_allocated, the allocator's
@@ -153,32 +153,36 @@ class Comparison:
         return asdict(self)
 
 
+def _error_pct(predicted: float | None, measured: float | None) -> float | None:
+    """100 (predicted - measured) / measured; None where either is missing or nothing was measured."""
+    return None if predicted is None or not measured else 100.0 * (predicted - measured) / measured
+
+
 def at_probed_host(record: RunRecord, profile) -> dict | None:
     """The run's step time and GPU energy predicted again, on `profile` at the issue time the run's own
-    probes measured (`runs.record.probed_issue_us`), with their errors in percent.
+    probes measured (`runs.record.probed_issue_us`, as the fit takes it), with their errors in percent.
 
     A host-bound step follows its host, and a lent host drifted 1.85x within minutes (2026-12-02,
     data/runs/README.md): where this prediction is near the measurement and the one made before the run
     was not, the host moved, not the model. The issue time only: an offload run's CPU optimizer stays
     the profile's. None where the run failed or did not probe its host, the profile has no issue time
     of its own, or the record cannot be read as a run (`runs.measured.to_measured_run` says why)."""
+    from models.predict import predict
     from runs.measured import to_measured_run
 
-    issue_us = probed_issue_us(record.result.host_probe, record.candidate.zero_stage)
-    if record.result.status != "ok" or not issue_us or profile.host.issue_per_layer is None:
+    if record.result.status != "ok" or profile.host.issue_per_layer is None:
         return None
-    from models.predict import predict_batch
-    from models.strategy import StrategyBatch
-
     try:
         run = to_measured_run(record)
     except (ValueError, KeyError, TypeError):
         return None
-    p = predict_batch(run.workload, StrategyBatch.from_strategies([run.strategy]), profile.on_host(issue_us * 1e-6))
-    predicted = {"step_time_s": float(p.step_time_s[0]), "gpu_energy_j": float(p.gpu_energy_j[0])}
-    measured = {"step_time_s": run.step_time_s, "gpu_energy_j": run.gpu_energy_j}
-    errors = {k: None if not measured[k] else 100.0 * (v - measured[k]) / measured[k] for k, v in predicted.items()}
-    return {"issue_us_per_layer": issue_us, **predicted, "error_pct": errors}
+    if run.host_issue_per_layer_s is None:
+        return None
+    p = predict(run.workload, run.strategy, run.on_its_host(profile))
+    return {"issue_us_per_layer": run.host_issue_per_layer_s * 1e6,
+            "step_time_s": p.step_time_s, "gpu_energy_j": p.gpu_energy_j,
+            "error_pct": {"step_time_s": _error_pct(p.step_time_s, run.step_time_s),
+                          "gpu_energy_j": _error_pct(p.gpu_energy_j, run.gpu_energy_j)}}
 
 
 def compare(record: RunRecord, profile=None) -> Comparison:
@@ -186,10 +190,7 @@ def compare(record: RunRecord, profile=None) -> Comparison:
     profile's where the run probed it, and the prediction again at that host."""
     measured = {name: getattr(record.result, field) for name, _, field in COMPARED}
     predicted = {name: (record.prediction or {}).get(key) for name, key, _ in COMPARED}
-    errors = {}
-    for m in METRICS:
-        p, v = predicted[m], measured[m]
-        errors[m] = None if p is None or v is None or v == 0 else 100.0 * (p - v) / v
+    errors = {m: _error_pct(predicted[m], measured[m]) for m in METRICS}
     extra = "; ".join(record.notes)
     reason = "; ".join(x for x in (record.result.reason, extra) if x)
     host = None
