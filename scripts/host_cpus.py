@@ -9,6 +9,7 @@ in every round is the CPU; a round that is slow on every CPU is the host.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -50,4 +51,6 @@ def main(rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("rounds", nargs="?", type=int, default=3, help="passes over every CPU (default 3)")
+    main(parser.parse_args().rounds)
