@@ -1,6 +1,6 @@
 """Write a sweep of the fitted settings that leave-one-out predicts worst, to measure them again.
 
-    python scripts/worst_fitted_sweep.py data/sweeps/NAME.jsonl [--gpus 1] [--count 20] [--max-step-s 1.5]
+    python scripts/worst_fitted_sweep.py data/sweeps/NAME.jsonl [--gpus 1] [--count 20] [--skip 0] [--max-step-s 1.5]
 
 A fitted run predicted badly with the run left out is a question: is the model wrong there, or was
 the host slower or faster than the probe taken for it said? The same setting measured again, with
@@ -50,10 +50,11 @@ def main(argv=None) -> int:
     p.add_argument("--report", type=Path, default=REPO / "data" / "profiles" / "h200.fit-report.json")
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--count", type=int, default=20)
+    p.add_argument("--skip", type=int, default=0, help="leave out the N worst (a sweep before this one has them)")
     p.add_argument("--max-step-s", type=float, default=1.5, help="leave out settings whose steps take longer")
     args = p.parse_args(argv)
-    if args.count < 1 or args.gpus < 1:
-        p.error("--count and --gpus must be positive")
+    if args.count < 1 or args.gpus < 1 or args.skip < 0:
+        p.error("--count and --gpus must be positive, --skip not negative")
     try:
         report = json.loads(args.report.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
         for record in read_records(path):
             if record.candidate.strategy is not None:
                 records[record.key] = record  # the latest of a key: its config is the key's
-    chosen = [records[key] for _, key in worst_keys(report, args.gpus, args.max_step_s) if key in records][:args.count]
+    chosen = [records[key] for _, key in worst_keys(report, args.gpus, args.max_step_s) if key in records][args.skip:args.skip + args.count]
     args.out.write_text("".join(json.dumps(sweep_line(r)) + "\n" for r in chosen))
     keys = [c.key() for c in candidates_from_sweep(args.out)]
     moved = [r.candidate.label for r, key in zip(chosen, keys) if key != r.key]
