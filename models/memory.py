@@ -286,14 +286,19 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     # sp 4 18% short (4x H200); the full copy matches both within 7%.
     ulysses = z12 & (b.sp > 1)
     ulysses_fp32 = np.where(ulysses, FP32 * rbs, 0.0)
-    reduce_extra = (np.where(z3, flat_copy, BF16 * first_bucket) + np.where(ulysses, FP32 * first_bucket, 0.0)
-                    + np.where(opt_off, offload_transient(largest_first), 0.0))
+    # With optimizer offload, ZeRO-1/2 cast each reduced gradient to fp64 for its norm only after the
+    # reduction has returned and freed its flat copy (reduce_ipg_grads: average_tensor, then
+    # copy_grads_in_partition): the larger of the two is held, not both. Traced on one H200 (gqa-2.4b
+    # 8k ZeRO-2 offload): the fp64 casts at the peak, no flat copy beside them.
+    z12_flat = BF16 * first_bucket + np.where(ulysses, FP32 * first_bucket, 0.0)
+    reduce_extra = np.where(z3, flat_copy + np.where(opt_off, offload_transient(largest_first), 0.0),
+                            np.where(opt_off, np.maximum(z12_flat, offload_transient(largest_first)), z12_flat))
     # ZeRO-1/2 allocate a rank's gradient partition (grads_in_partition) when the first bucket that
     # holds its gradients has been reduced. Backward begins with the last partition's parameters,
     # so their owner reduces the second bucket with its partition already allocated: the peak of
     # backward on that rank (the trace's rank 1, 0.63 GiB above rank 0).
-    second_extra = (np.where(~opt_off, BF16 * p_rank, 0.0) + BF16 * second_bucket
-                    + np.where(ulysses, FP32 * second_bucket, 0.0) + np.where(opt_off, offload_transient(float(h * f)), 0.0))
+    second_flat = BF16 * second_bucket + np.where(ulysses, FP32 * second_bucket, 0.0)
+    second_extra = np.where(opt_off, np.maximum(second_flat, offload_transient(float(h * f))), BF16 * p_rank + second_flat)
     end_extra = np.where(z3, flat_copy, ulysses_fp32) + np.where(opt_off, offload_transient(largest_last), 0.0)
 
     moments = {
