@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODELS_DIR = REPO_ROOT / "data" / "models"
 
 # Short names users type; the README says which model each one means.
 ALIASES = {"7B": "llama-2-7b", "13B": "llama-2-13b", "70B": "llama-2-70b"}
@@ -151,10 +152,13 @@ def known_presets() -> list[str]:
 
 def load_architecture(preset_or_path: str) -> Architecture:
     """A preset name (`llama-2-7b`, alias `7B`), the path of a Hugging Face config.json, or a
-    model folder holding one."""
+    model folder holding one; a relative path that is not found here is taken from the repository."""
     if not preset_or_path.strip():
         raise ModelConfigError(f"no model given; known presets: {', '.join(known_presets())}")
     path = Path(preset_or_path)
+    in_repo = REPO_ROOT / path
+    if not path.exists() and ((in_repo.suffix == ".json" and in_repo.is_file()) or (in_repo / "config.json").is_file()):
+        path = in_repo  # sweep files and run records name configs by repository path: any folder works
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelConfigError(f"model folder {path} holds no config.json")

@@ -61,13 +61,6 @@ class RunSet:
         return "; ".join(parts)
 
 
-def _resolve_model(model: str) -> str:
-    """A config.json named relative to the repository (as sweep files do) works from any folder."""
-    if model.endswith(".json") and not Path(model).exists() and (REPO_ROOT / model).exists():
-        return str(REPO_ROOT / model)
-    return model
-
-
 def _model_name(model: str) -> str:
     return Path(model).stem if model.endswith(".json") else model
 
@@ -90,7 +83,7 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
         raise ValueError(f"status {r.status}")
     if r.step_time_s is None or not r.step_time_s > 0:
         raise ValueError("no measured step time")
-    arch = load_architecture(_resolve_model(c.model))
+    arch = load_architecture(c.model)
     if c.strategy is not None:
         strategy = Strategy(**c.strategy)
         if not strategy.cpu_threads_per_rank:  # what the run had, where the record says or the runner's rule

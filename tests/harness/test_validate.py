@@ -128,3 +128,18 @@ def test_validate_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
 def test_validate_needs_exactly_one_source(tmp_path):
     result = CliRunner().invoke(main, ["validate", "--store", str(tmp_path / "r.db")])
     assert result.exit_code == 2 and "either --ds-config" in result.output
+
+
+def test_a_sweep_naming_a_repository_config_is_predicted_from_any_folder(tmp_path, monkeypatch):
+    """Sweep files name their configs by repository path (data/sweeps/gqa-2.4b.json): from another
+    folder the prediction, and the run it goes with, find the config all the same."""
+    from advisor.validate import candidates_from_sweep, make_predictor
+
+    sweep = tmp_path / "s.jsonl"
+    sweep.write_text(json.dumps({"model": "data/sweeps/gqa-2.4b.json", "seq": 1024,
+                                 "strategy": {"gpus": 1, "zero_stage": 2}}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    (c,) = candidates_from_sweep(sweep)
+    prediction, _, notes = make_predictor("h200")(c)
+    assert prediction is not None and prediction["step_time_s"] > 0, notes
+    assert c.model == "data/sweeps/gqa-2.4b.json"  # the key stays the one earlier runs of it have
