@@ -19,19 +19,15 @@ from calibration.harness.window import WindowSettings
 WINDOW = WindowSettings()  # the defaults of the measured window
 
 
-def _fmt(value, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
 def _pct(error_pct: float | None) -> str:
     return "" if error_pct is None else f" ({error_pct:+.0f}%)"
 
 
 def _cell(comparison, metric: str) -> str:
+    from advisor.render import figure
+
     p, m = comparison.predicted[metric], comparison.measured[metric]
-    return f"{_fmt(p)} / {_fmt(m)}{_pct(comparison.error_pct[metric])}"
+    return f"{figure(p)} / {figure(m)}{_pct(comparison.error_pct[metric])}"
 
 
 def _default_store() -> Path:
@@ -153,7 +149,7 @@ def _profile_or_none(name: str):
 def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> None:
     from rich.table import Table
 
-    from advisor.render import console
+    from advisor.render import console, probed_host_line
     from advisor.validate import METRICS
 
     table = Table(title=f"Predicted / measured per optimizer step (profile {profile})", title_justify="left")
@@ -167,12 +163,8 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> No
     for c in comparisons:
         if c.host and c.host["differs"]:
             out.print(f"{c.label}: {c.host['note']}")
-            again = c.at_probed_host
-            if again:
-                figures = " and ".join(f"{_fmt(again[k])} {unit}{_pct(again['error_pct'][k])}"
-                                       for k, unit in (("step_time_s", "s"), ("gpu_energy_j", "J")))
-                out.print(f"{c.label}: at the host its probes measured ({again['issue_us_per_layer']:.0f} us a layer) "
-                          f"the model predicts {figures}.")
+            if c.at_probed_host:
+                out.print(probed_host_line(c.label, c.at_probed_host))
         if c.status == "ok" and c.step_time_rel_sem is not None and not window.precise_enough(c.step_time_rel_sem):
             out.print(f"{c.label}: its mean step time is known to +-{100 * c.step_time_rel_sem:.1f}% only (the window "
                       "ran out first; a noisy host): a smaller difference from another run is not measured.")

@@ -245,6 +245,9 @@ class LoopOutcome:
     refit_profile: str | None  # where --refit wrote the refitted profile
     refit_note: str
     host_note: str = ""  # advisor.host_check: the runs' host against the profile's, where it strays
+    # Each measured candidate predicted again at the host its probes measured (advisor.validate.at_probed_host),
+    # None where it was not run or not probed: where the host strayed, whether the model or the host missed.
+    at_probed_host: tuple = ()
 
     @property
     def pick_index(self) -> int | None:
@@ -264,8 +267,8 @@ class LoopOutcome:
             return out
         out["host_note"] = self.host_note
         v = self.verdict
-        for entry, (i, m) in zip(out["candidates"], enumerate(self.measured)):
-            entry.update(measured_dict(m, v, i))
+        for entry, (i, m), again in zip(out["candidates"], enumerate(self.measured), self.at_probed_host):
+            entry.update(measured_dict(m, v, i), at_probed_host=again)
         model_pick = next((i for i, m in enumerate(self.measured) if m.chosen.why == "the model's pick"), None)
         out.update(picked_by=v.by, note=v.note, run_seconds=self.run_seconds,
                    measured_pick=None if v.measured_pick is None else self.plan[v.measured_pick]["label"],
@@ -281,13 +284,14 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     if s.plan_only:
         return LoopOutcome(chosen, plan, None, None, None, "")
     from advisor.host_check import worst_host_note
-    from advisor.validate import print_progress
+    from advisor.validate import at_probed_host, print_progress
 
     measured = run_chosen(result, chosen, req.model, req.workload, req.profile_name, s, on_record=print_progress)
     verdict = measured_pick(measured, req.objective, req.max_slowdown)
     refit_path, refit_note = (refit_beside(req.profile_name, req.profile, s) if s.refit else (None, ""))
     host_note = worst_host_note([m.record for m in measured], req.profile)
-    return LoopOutcome(chosen, plan, measured, verdict, refit_path, refit_note, host_note)
+    again = tuple(at_probed_host(m.record, req.profile) if m.record else None for m in measured)
+    return LoopOutcome(chosen, plan, measured, verdict, refit_path, refit_note, host_note, again)
 
 
 def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[str | None, str]:

@@ -147,6 +147,22 @@ def _num(x, fmt: str = ",.3g") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def figure(value, digits: int = 3) -> str:
+    """A measured or predicted figure: three significant digits, whole numbers from 1,000 up."""
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def probed_host_line(label: str, again: dict) -> str:
+    """`advisor.validate.at_probed_host`'s prediction as one line: what the model says at the run's own host."""
+    figures = " and ".join(f"{figure(again[k])} {unit}" + ("" if again["error_pct"][k] is None
+                                                          else f" ({again['error_pct'][k]:+.0f}%)")
+                           for k, unit in (("step_time_s", "s"), ("gpu_energy_j", "J")))
+    return (f"{label}: at the host its probes measured ({again['issue_us_per_layer']:.0f} us a layer) "
+            f"the model predicts {figures}.")
+
+
 def show_loop(out: Console, loop) -> None:
     """The candidates the loop measures: predicted (with the band) against measured, and the pick."""
     table = Table(title="Validation: predicted \\[band] / measured, per optimizer step", title_justify="left")
@@ -180,3 +196,7 @@ def show_loop(out: Console, loop) -> None:
     for note in (v.note, loop.refit_note, loop.host_note):
         if note:
             out.print(f"[dim]{note}[/dim]", highlight=False)
+    if loop.host_note:  # the runs' host strayed from the profile's: the model again at the host they had
+        for p, again in zip(loop.plan, loop.at_probed_host):
+            if again:
+                out.print(f"[dim]{probed_host_line(p['label'], again)}[/dim]", highlight=False)

@@ -130,3 +130,21 @@ def test_a_step_the_host_sets_is_named_and_a_gpu_bound_one_is_not():
     long = predict(Workload(load_architecture("llama-2-7b"), 32768), Strategy(gpus=4, gpus_per_node=4, zero_stage=3,
                                                                              sp=4, checkpoint_every=1), H200)
     assert host_bound_notes(long) == []
+
+
+def test_validate_prints_the_prediction_at_the_probed_host_beside_a_host_that_strayed(capsys):
+    from advisor.cmd_validate import WINDOW, _show
+
+    strategy = Strategy(gpus=1, gpus_per_node=2, zero_stage=3, cpu_threads_per_rank=16)
+    slow_us = 2 * H200.host.issue_per_layer.value * 1e6
+    at = predict_batch(Workload(load_architecture("qwen2.5-0.5b"), 512), StrategyBatch.from_strategies([strategy]),
+                       H200.on_host(slow_us * 1e-6))
+    c = Candidate(model="qwen2.5-0.5b", seq_len=512, ds_config={}, label="slow run", strategy=dataclasses.asdict(strategy))
+    r = RunRecord.now(c, RunResult(status="ok", step_time_s=float(at.step_time_s[0]) * 1.1,
+                                   gpu_energy_j=float(at.gpu_energy_j[0]),
+                                   host_probe={"issue_us_per_layer": slow_us, "threads": 16,
+                                               "issue_probe_linear": "torch"}), prediction={})
+    _show([compare(r, H200)], "h200", 0, WINDOW)
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"slow run: at the host its probes measured ({slow_us:.0f} us a layer) the model predicts" in text
+    assert "(-9%) and" in text and "J (+0%)." in text

@@ -100,6 +100,48 @@ def test_without_gpu_energy_the_pick_is_by_time_and_says_so():
     assert measured_pick([measured("x", None, None, status="crash")], "energy", 0.1).measured_pick is None
 
 
+def test_on_a_strayed_host_the_loop_shows_each_run_predicted_again_at_the_host_it_probed():
+    """A host-bound step on a host twice as slow as the profile's: the loop's table and --json carry
+    the prediction made at the run's own probed host (near the measurement), beside the host note."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from advisor.host_check import worst_host_note
+    from advisor.loop import LoopOutcome
+    from advisor.render import show_loop
+    from advisor.validate import at_probed_host
+    from models.architecture import load_architecture
+    from models.predict import predict
+    from models.profile import load_profile
+    from models.strategy import Strategy
+    from models.workload import Workload
+
+    h200 = load_profile("h200")
+    strategy = Strategy(gpus=1, gpus_per_node=2, zero_stage=3, cpu_threads_per_rank=16)
+    slow_us = 2 * h200.host.issue_per_layer.value * 1e6
+    at_slow = predict(Workload(load_architecture("qwen2.5-0.5b"), 512), strategy, h200.on_host(slow_us * 1e-6))
+    c = Candidate(model="qwen2.5-0.5b", seq_len=512, ds_config={}, label="slow host",
+                  strategy=dataclasses.asdict(strategy))
+    r = RunResult(status="ok", step_time_s=at_slow.step_time_s, gpu_energy_j=at_slow.gpu_energy_j,
+                  host_probe={"issue_us_per_layer": slow_us, "threads": 16, "issue_probe_linear": "torch"})
+    runs = [Measured(Chosen(0, "the model's pick"), RunRecord.now(c, r)), Measured(Chosen(1, "not run"), None)]
+    plan = [{"label": "slow host", "why": "the model's pick", "step_time_s": 0.1, "energy_j": 10.0},
+            {"label": "never ran", "why": "tied", "step_time_s": 0.1, "energy_j": 10.0}]
+    again = tuple(at_probed_host(m.record, h200) if m.record else None for m in runs)
+    loop = LoopOutcome([m.chosen for m in runs], plan, runs, measured_pick(runs, "energy", 0.1), None, "",
+                       worst_host_note([m.record for m in runs], h200), again)
+    entries = loop.to_dict()["candidates"]
+    assert entries[0]["at_probed_host"]["error_pct"]["step_time_s"] == pytest.approx(0, abs=1e-6)
+    assert entries[1]["at_probed_host"] is None
+    out = Console(file=io.StringIO(), width=200)
+    show_loop(out, loop)
+    text = out.file.getvalue()
+    assert "slower than predicted" in text and "slow host: at the host its probes measured" in text
+    assert "(+0%)" in text and "never ran: at the host" not in text
+
+
 def advisor(*args, cwd, env):
     return subprocess.run([sys.executable, "-m", "advisor.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=900)
@@ -127,6 +169,7 @@ def test_the_loop_measures_picks_and_refits_on_the_cpu(tmp_path, cpu_env):
     assert [c["status"] for c in loop["candidates"]] == ["ok", "ok"]
     assert all(c["measured"]["step_time_s"] > 0 and c["measured"]["gpu_energy_j"] is None for c in loop["candidates"])
     assert loop["picked_by"] == "time" and loop["measured_pick"] == out["recommended"]["label"]
+    assert all("at_probed_host" in c for c in loop["candidates"])
     assert json.loads((tmp_path / "pick.json").read_text()) == out["ds_config"]
     assert out["ds_config"]["train_micro_batch_size_per_gpu"] == out["recommended"]["strategy"]["micro_batch"]
     assert Path(loop["refit_profile"]).exists() and Path(loop["refit_profile"]).parent == tmp_path
