@@ -64,11 +64,16 @@ def main(argv=None) -> int:
         for record in read_records(path):
             if record.candidate.strategy is not None:
                 records[record.key] = record  # the latest of a key: its config is the key's
-    chosen = [records[key] for _, key in worst_keys(report, args.gpus, args.max_step_s) if key in records][args.skip:args.skip + args.count]
-    args.out.write_text("".join(json.dumps(sweep_line(r)) + "\n" for r in chosen))
+    worst = [records[key] for _, key in worst_keys(report, args.gpus, args.max_step_s) if key in records]
+    chosen = worst[args.skip:args.skip + args.count]
+    try:
+        args.out.write_text("".join(json.dumps(sweep_line(r)) + "\n" for r in chosen))
+    except OSError as exc:
+        p.error(f"cannot write the sweep: {exc}")
     keys = [c.key() for c in candidates_from_sweep(args.out)]
     moved = [r.candidate.label for r, key in zip(chosen, keys) if key != r.key]
     if moved:
+        args.out.unlink()
         print(f"worst_fitted_sweep: these lines would not share their run's key: {moved}", file=sys.stderr)
         return 1
     print(f"{len(chosen)} settings -> {args.out}")
