@@ -19,15 +19,11 @@ from calibration.harness.window import WindowSettings
 WINDOW = WindowSettings()  # the defaults of the measured window
 
 
-def _pct(error_pct: float | None) -> str:
-    return "" if error_pct is None else f" ({error_pct:+.0f}%)"
-
-
 def _cell(comparison, metric: str) -> str:
-    from advisor.render import figure
+    from advisor.render import error_suffix, figure
 
     p, m = comparison.predicted[metric], comparison.measured[metric]
-    return f"{figure(p)} / {figure(m)}{_pct(comparison.error_pct[metric])}"
+    return f"{figure(p)} / {figure(m)}{error_suffix(comparison.error_pct[metric])}"
 
 
 def _default_store() -> Path:

@@ -154,10 +154,14 @@ def figure(value, digits: int = 3) -> str:
     return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
+def error_suffix(error_pct: float | None) -> str:
+    """A prediction's error after its figure: " (+12%)"; nothing where it is unknown."""
+    return "" if error_pct is None else f" ({error_pct:+.0f}%)"
+
+
 def probed_host_line(label: str, again: dict) -> str:
     """`advisor.validate.at_probed_host`'s prediction as one line: what the model says at the run's own host."""
-    figures = " and ".join(f"{figure(again[k])} {unit}" + ("" if again["error_pct"][k] is None
-                                                          else f" ({again['error_pct'][k]:+.0f}%)")
+    figures = " and ".join(f"{figure(again[k])} {unit}{error_suffix(again['error_pct'][k])}"
                            for k, unit in (("step_time_s", "s"), ("gpu_energy_j", "J")))
     return (f"{label}: at the host its probes measured ({again['issue_us_per_layer']:.0f} us a layer) "
             f"the model predicts {figures}.")
