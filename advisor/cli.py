@@ -28,6 +28,7 @@ from advisor.inputs import (
     parse_sequences,
     writable_path,
 )
+from advisor.rounds import DEFAULT_ROUNDS, DEFAULT_TIE_MARGIN
 from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE
 
 DEFAULT_TOKENS = "1B"
@@ -247,10 +248,17 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
 @click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
               help="With --validate: SQLite run store (default: ~/.cache/energy-advisor/runs.db).")
 @click.option("--plan-only", is_flag=True, help="With --validate: show the candidates and their predictions; run nothing.")
+@click.option("--rounds", type=click.IntRange(1, 10), default=None,
+              help=f"With --validate: rounds of measurement for the candidates the first round cannot rank; later "
+                   f"rounds run them again, interleaved, and each is judged on the mean of its rounds (default "
+                   f"{DEFAULT_ROUNDS}; 1: one run each).")
+@click.option("--tie-margin", "tie_margin_text", default=None,
+              help=f"With --validate: a candidate measured within this of the pick's figure runs again (default "
+                   f"{DEFAULT_TIE_MARGIN:.0%}).")
 def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype,
               as_json, gpus_text, objective, slowdown_text, method, trials, storage, seed, tokens_text, threads,
               margin_text, out_ds_config, plot_path, validate_k, budget_s, refit, script, workdir, store_path,
-              plan_only):
+              plan_only, rounds, tie_margin_text):
     """Search ZeRO stage, offload, checkpointing, sp and micro-batch; print the Pareto front,
     the pick, its DeepSpeed config and launch line. With --validate K, measure the closest
     candidates and pick by measurement."""
@@ -259,7 +267,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     from advisor.space import widest_sp
 
     loop_only = {"--budget": budget_s, "--refit": refit, "--script": script, "--store": store_path,
-                 "--plan-only": plan_only}
+                 "--plan-only": plan_only, "--rounds": rounds, "--tie-margin": tie_margin_text}
     if validate_k is None and any(loop_only.values()):
         given = ", ".join(k for k, v in loop_only.items() if v)
         raise InputError(f"{given} belongs to --validate K (measure K candidates): add it, or leave {given} out")
@@ -288,9 +296,10 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     counts = gpu_range.counts(per_node) if not gpu_range.fixed else [gpu_range.low]
     counts, dropped = counts_within_run(counts, lambda gpus: widest_sp(arch, gpus, per_node), workload.seq_len,
                                         tokens)
+    tie_margin = DEFAULT_TIE_MARGIN if tie_margin_text is None else parse_fraction(tie_margin_text, "--tie-margin")
     loop = None if validate_k is None else LoopSettings(
         k=validate_k, workdir=workdir, store=store_path, jsonl=None, budget_s=budget_s, script=script, refit=refit,
-        plan_only=plan_only)
+        plan_only=plan_only, rounds=rounds or DEFAULT_ROUNDS, tie_margin=tie_margin)
     recommend_run(RecommendRequest(
         model=model, workload=workload, profile=prof, profile_name=profile, gpu_counts=counts,
         global_batch=_global_batch(global_batch_text, workload.seq_len), tokens=tokens, objective=objective,

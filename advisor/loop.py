@@ -14,15 +14,23 @@ model's error. So `recommend --validate K` runs up to K of them for a few steps 
 Each is predicted first and stored as it finishes (`advisor.validate`, `runs.store`); a rerun of
 the same command runs only what is not stored. The measured least-energy strategy (or fastest, or
 least energy-delay product) within the slowdown limit of the fastest measured becomes the pick.
+Those a first round cannot rank (within the tie margin of the pick: `advisor.rounds`) run again in
+later rounds, interleaved; each candidate's figure is then the geometric mean of its rounds, and the
+pick's lead over each comes with its standard error.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from advisor.alternatives import alternatives
+from advisor.rounds import DEFAULT_ROUNDS, DEFAULT_TIE_MARGIN, Lead, contenders, geometric_mean, lead, round_order
 from advisor.search import SearchResult
 from calibration.harness.window import WindowSettings
 from models.band import Band
@@ -101,30 +109,45 @@ def _kind(s) -> tuple:
 
 @dataclass(frozen=True)
 class Measured:
-    """One chosen strategy, as predicted and as measured (None where it failed or was not run)."""
+    """One chosen strategy, as measured in each round it ran (None where it failed or was not run)."""
 
     chosen: Chosen
-    record: RunRecord | None
+    record: RunRecord | None  # its first round's run (or the one stored before)
+    repeats: tuple[RunRecord, ...] = ()  # its runs of later rounds, in round order
 
     @property
     def ok(self) -> bool:
         return self.record is not None and self.record.result.status == "ok"
 
     @property
+    def rounds(self) -> list[RunRecord | None]:
+        """Its run of each round it took part in, None where that run failed."""
+        return [r if r.result.status == "ok" else None for r in (self.record, *self.repeats)] if self.ok else []
+
+    @property
     def tokens_per_step(self) -> int:
         s, c = self.record.candidate.strategy, self.record.candidate
         return s["micro_batch"] * (s["gpus"] // s["sp"]) * s["grad_accum"] * c.seq_len
 
+    def round_time_s(self) -> list[float | None]:
+        return [r.result.step_time_s if r else None for r in self.rounds]
+
+    def round_energy_j(self) -> list[float | None]:
+        """GPU energy plus the host's (estimated where there is no sensor), as the objective counts it."""
+        return [r.result.gpu_energy_j + (r.result.cpu_energy_j or 0.0) if r and r.result.gpu_energy_j is not None
+                else None for r in self.rounds]
+
     @property
     def time_s(self) -> float | None:
-        return self.record.result.step_time_s if self.ok else None
+        """The geometric mean over the rounds it ran."""
+        return geometric_mean([t for t in self.round_time_s() if t]) if self.ok else None
 
     @property
     def energy_j(self) -> float | None:
-        """GPU energy plus the host's (estimated where there is no sensor), as the objective counts it."""
+        """The geometric mean over the rounds it ran; None where its first run has no GPU energy."""
         if not self.ok or self.record.result.gpu_energy_j is None:
             return None
-        return self.record.result.gpu_energy_j + (self.record.result.cpu_energy_j or 0.0)
+        return geometric_mean([e for e in self.round_energy_j() if e])
 
 
 @dataclass(frozen=True)
@@ -133,6 +156,25 @@ class Verdict:
     by: str  # the measured figure the pick was chosen on
     regret: dict[int, float]  # Measured index -> its measured objective / the measured pick's - 1
     note: str
+    leads: dict[int, Lead] = field(default_factory=dict)  # Measured index -> how far behind the pick, per round
+
+
+def _per_token_scores(measured: list[Measured], by: str, rounds: bool) -> dict:
+    """Each measured candidate's figure per token (`rounds`: a list, one per round it ran)."""
+    def scored(t, e, tokens):
+        if t is None or (by != "time" and e is None):
+            return None
+        return {"time": t / tokens, "energy": (e or 0.0) / tokens, "edp": t * (e or 0.0) / tokens**2}[by]
+
+    out = {}
+    for i, m in enumerate(measured):
+        if m.ok:
+            tokens = m.tokens_per_step
+            if rounds:
+                out[i] = [scored(t, e, tokens) for t, e in zip(m.round_time_s(), m.round_energy_j())]
+            else:
+                out[i] = scored(m.time_s, m.energy_j, tokens)
+    return out
 
 
 def measured_pick(measured: list[Measured], objective: str, max_slowdown: float) -> Verdict:
@@ -142,21 +184,27 @@ def measured_pick(measured: list[Measured], objective: str, max_slowdown: float)
     ok = [i for i, m in enumerate(measured) if m.ok]
     if not ok:
         return Verdict(None, objective, {}, "nothing was measured: no pick by measurement")
-
-    def per_token(i, figure):
-        return figure / measured[i].tokens_per_step
-
-    times = {i: per_token(i, measured[i].time_s) for i in ok}
     by, note = objective, ""
     if objective in ("energy", "edp") and any(measured[i].energy_j is None for i in ok):
         by, note = "time", "GPU energy was not measured (no NVML here): picked by time"
-    energies = {i: per_token(i, measured[i].energy_j) for i in ok} if by != "time" else {}
-    score = {"time": lambda i: times[i], "energy": lambda i: energies[i], "edp": lambda i: times[i] * energies[i]}[by]
+    times = _per_token_scores(measured, "time", rounds=False)
+    score = _per_token_scores(measured, by, rounds=False)
     fastest = min(times.values())
     allowed = [i for i in ok if times[i] <= fastest * (1 + max_slowdown) * (1 + 1e-12)]
-    best = min(allowed, key=score)
-    regret = {i: score(i) / score(best) - 1.0 for i in ok}
-    return Verdict(best, by, regret, note)
+    best = min(allowed, key=score.get)
+    regret = {i: score[i] / score[best] - 1.0 for i in ok}
+    per_round = _per_token_scores(measured, by, rounds=True)
+    leads = {i: lead(per_round[best], per_round[i]) for i in ok if i != best}
+    return Verdict(best, by, regret, note, {i: x for i, x in leads.items() if x is not None})
+
+
+def to_contend(measured: list[Measured], verdict: Verdict, max_slowdown: float, tie_margin: float) -> list[int]:
+    """The measured candidates a first round cannot rank against the pick (`advisor.rounds.contenders`)."""
+    if verdict.measured_pick is None:
+        return []
+    return contenders(_per_token_scores(measured, verdict.by, rounds=False),
+                      _per_token_scores(measured, "time", rounds=False), verdict.measured_pick, max_slowdown,
+                      tie_margin)
 
 
 def plan_dict(result: SearchResult, chosen: list[Chosen], band: Band | None, seq_len: int) -> list[dict]:
@@ -172,16 +220,20 @@ def plan_dict(result: SearchResult, chosen: list[Chosen], band: Band | None, seq
 
 
 def measured_dict(m: Measured, verdict: Verdict, i: int) -> dict:
+    """One candidate as measured: its figures (geometric means over its rounds), each round's, its
+    regret and its distance behind the pick. `result` is its first round's run."""
     r = m.record
+    gpu_j = geometric_mean([x.result.gpu_energy_j for x in m.rounds if x and x.result.gpu_energy_j]) if m.ok else None
+    behind = verdict.leads.get(i)
     return {"why": m.chosen.why, "status": r.result.status if r else "not run",
             "reason": r.result.reason if r else "", "key": r.key if r else None,
-            "measured": {"step_time_s": m.time_s, "energy_j": m.energy_j,
-                         "gpu_energy_j": r.result.gpu_energy_j if m.ok else None,
+            "measured": {"step_time_s": m.time_s, "energy_j": m.energy_j, "gpu_energy_j": gpu_j,
                          "peak_gpu_mem_gib": r.result.peak_gpu_mem_gib if m.ok else None,
                          "peak_gpu_reserved_gib": r.result.peak_gpu_reserved_gib if m.ok else None,
-                         "wall_s": r.result.wall_s if r else None},
-            "regret": verdict.regret.get(i), "is_measured_pick": verdict.measured_pick == i,
-            "result": asdict(r.result) if r else None}
+                         "wall_s": sum(x.result.wall_s or 0.0 for x in (r, *m.repeats)) if r else None},
+            "rounds": [{"step_time_s": t, "energy_j": e} for t, e in zip(m.round_time_s(), m.round_energy_j())],
+            "regret": verdict.regret.get(i), "behind_pick": behind.to_dict() if behind else None,
+            "is_measured_pick": verdict.measured_pick == i, "result": asdict(r.result) if r else None}
 
 
 @dataclass(frozen=True)
@@ -198,15 +250,32 @@ class LoopSettings:
     plan_only: bool  # print the candidates and their predictions; run nothing
     window: WindowSettings = WindowSettings()
     timeout_s: float = 600.0
+    rounds: int = DEFAULT_ROUNDS  # rounds of measurement for the candidates the first cannot rank
+    tie_margin: float = DEFAULT_TIE_MARGIN  # within this of the pick's figure, a candidate runs again
+
+
+def round_path(jsonl: Path, round_number: int) -> Path:
+    """Where a round's runs are kept: the loop's run file for the first, one beside it for each later one."""
+    return jsonl if round_number == 1 else jsonl.with_name(f"{jsonl.stem}-round-{round_number}{jsonl.suffix}")
+
+
+def _latest_by_key(records) -> dict:
+    latest = {}
+    for record in records:
+        latest[record.key] = record  # oldest first: the last one wins
+    return latest
 
 
 def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload, profile_name: str,
-               settings: LoopSettings, on_record=None) -> list[Measured]:
-    """Run what is not stored yet, predicted first; every chosen strategy with its latest record."""
-    from pathlib import Path
-
+               settings: LoopSettings, contend: Callable[[list[Measured]], list[int]] = lambda measured: [],
+               on_record=None) -> list[Measured]:
+    """Run what is not stored yet, predicted first; then, for `settings.rounds - 1` more rounds, what
+    `contend` names of the first round's measurements, in alternating order. Every chosen strategy
+    with its first round's record (this loop's run, else the latest stored) and its later ones.
+    Each round keeps its own run file, so an interrupted loop resumes where it stopped."""
     from advisor.validate import candidate_from_strategy, local_slots, prebuild_local, run_validation
     from calibration.harness.runner import RunSettings
+    from runs.jsonl import read_records
     from runs.store import RunStore, default_store_path
 
     candidates = []
@@ -221,13 +290,32 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
     slots = local_slots(parallel=True)
     prebuild_local(slots)
     run_settings = RunSettings(window=settings.window, timeout_s=settings.timeout_s)
+    end = None if settings.budget_s is None else time.monotonic() + settings.budget_s
+
+    def left() -> float | None:
+        return None if end is None else max(0.0, end - time.monotonic())
+
     with RunStore(settings.store or default_store_path()) as store:
         run_validation(candidates, store, jsonl, workdir, run_settings, slots, profile_name,
-                       deadline_s=settings.budget_s, on_record=on_record)
-        latest = {}
-        for record in store.runs():
-            latest[record.key] = record  # oldest first: the last one wins
-    return [Measured(ch, latest.get(c.key())) for ch, c in zip(chosen, candidates)]
+                       deadline_s=left(), on_record=on_record)
+        later = {(r.key, r.date) for path in jsonl.parent.glob(f"{jsonl.stem}-round-*{jsonl.suffix}")
+                 for r in read_records(path)}
+        first = {**_latest_by_key(r for r in store.runs() if (r.key, r.date) not in later),
+                 **_latest_by_key(read_records(jsonl, missing_ok=True))}
+        measured = [Measured(ch, first.get(c.key())) for ch, c in zip(chosen, candidates)]
+        again = contend(measured) if settings.rounds > 1 else []
+        repeats: dict[int, list] = {i: [] for i in again}
+        for n in range(2, settings.rounds + 1 if again else 0):
+            print(f"round {n} of {settings.rounds}: measuring again the {len(again)} candidates within "
+                  f"{settings.tie_margin:.0%} of the measured pick", file=sys.stderr, flush=True)
+            path = round_path(jsonl, n)
+            run_validation(round_order([candidates[i] for i in again], n), store, path, workdir, run_settings, slots,
+                           profile_name, deadline_s=left(), on_record=on_record, skip_stored=False)
+            this_round = _latest_by_key(read_records(path, missing_ok=True))
+            for i in again:
+                if candidates[i].key() in this_round:
+                    repeats[i].append(this_round[candidates[i].key()])
+    return [Measured(m.chosen, m.record, tuple(repeats.get(i, ()))) for i, m in enumerate(measured)]
 
 
 def _with_script(candidate, script: str):
@@ -257,9 +345,14 @@ class LoopOutcome:
         return self.measured[self.verdict.measured_pick].chosen.index
 
     @property
+    def rounds(self) -> int:
+        """Rounds of measurement the closest candidates took (1: none was measured again)."""
+        return max((1 + len(m.repeats) for m in self.measured or []), default=0)
+
+    @property
     def run_seconds(self) -> float:
         """Wall time of the runs this command measured or found stored (start-up included)."""
-        return sum(m.record.result.wall_s or 0.0 for m in self.measured or [] if m.record)
+        return sum(r.result.wall_s or 0.0 for m in self.measured or [] for r in (m.record, *m.repeats) if r)
 
     def to_dict(self) -> dict:
         out = {"candidates": self.plan, "refit_profile": self.refit_profile, "refit_note": self.refit_note}
@@ -267,10 +360,11 @@ class LoopOutcome:
             return out
         out["host_note"] = self.host_note
         v = self.verdict
-        for entry, (i, m), again in zip(out["candidates"], enumerate(self.measured), self.at_probed_host):
+        at_host = self.at_probed_host or (None,) * len(self.measured)
+        for entry, (i, m), again in zip(out["candidates"], enumerate(self.measured), at_host):
             entry.update(measured_dict(m, v, i), at_probed_host=again)
         model_pick = next((i for i, m in enumerate(self.measured) if m.chosen.why == "the model's pick"), None)
-        out.update(picked_by=v.by, note=v.note, run_seconds=self.run_seconds,
+        out.update(picked_by=v.by, note=v.note, run_seconds=self.run_seconds, rounds=self.rounds,
                    measured_pick=None if v.measured_pick is None else self.plan[v.measured_pick]["label"],
                    model_pick_regret=v.regret.get(model_pick))
         return out
@@ -286,7 +380,12 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     from advisor.host_check import worst_host_note
     from advisor.validate import at_probed_host, print_progress
 
-    measured = run_chosen(result, chosen, req.model, req.workload, req.profile_name, s, on_record=print_progress)
+    def contend(first_round: list[Measured]) -> list[int]:
+        return to_contend(first_round, measured_pick(first_round, req.objective, req.max_slowdown), req.max_slowdown,
+                          s.tie_margin)
+
+    measured = run_chosen(result, chosen, req.model, req.workload, req.profile_name, s, contend,
+                          on_record=print_progress)
     verdict = measured_pick(measured, req.objective, req.max_slowdown)
     refit_path, refit_note = (refit_beside(req.profile_name, req.profile, s) if s.refit else (None, ""))
     host_note = worst_host_note([m.record for m in measured], req.profile)

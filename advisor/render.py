@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from rich.console import Console
 from rich.table import Table
@@ -167,6 +168,28 @@ def probed_host_line(label: str, again: dict) -> str:
             f"the model predicts {figures}.")
 
 
+def _scatter(lead) -> str:
+    """A regret's scatter over the rounds it was measured in: " +-2.0% (3 rounds)"."""
+    if lead is None or lead.stderr is None:
+        return ""
+    return f" \u00b1{math.expm1(lead.stderr):.1%} ({lead.rounds} rounds)"
+
+
+def rounds_line(loop) -> str:
+    """Whether the rounds told the pick from the closest candidate measured again."""
+    v = loop.verdict
+    # Behind the pick on its figure; one ahead of it was out of the slowdown limit.
+    again = {i: lead for i, lead in v.leads.items() if lead.stderr is not None and lead.log_ratio > 0}
+    if not again:
+        return "No candidate within the slowdown limit was measured again beside the pick."
+    i, closest = min(again.items(), key=lambda kv: kv[1].log_ratio)
+    gap = (f"{loop.plan[v.measured_pick]['label']} led {loop.plan[i]['label']} by {math.expm1(closest.log_ratio):.1%} "
+           f"\u00b1{math.expm1(closest.stderr):.1%} over {closest.rounds} interleaved rounds")
+    if closest.separated:
+        return f"{gap}: a lead beyond the rounds' scatter."
+    return f"{gap}: within the rounds' scatter, so the two are equal as far as this host can tell; either will do."
+
+
 def show_loop(out: Console, loop) -> None:
     """The candidates the loop measures: predicted (with the band) against measured, and the pick."""
     table = Table(title="Validation: predicted \\[band] / measured, per optimizer step", title_justify="left")
@@ -185,7 +208,7 @@ def show_loop(out: Console, loop) -> None:
             status = m.record.result.status if m.record else "not run"
             if m.record and not m.ok:
                 status += f": {m.record.result.reason[:60]}"
-            regret = "" if v.regret.get(i) is None else f"{v.regret[i]:+.1%}"
+            regret = "" if v.regret.get(i) is None else f"{v.regret[i]:+.1%}" + _scatter(v.leads.get(i))
             mark = "*" if v.measured_pick == i else ""
         table.add_row(mark, p["label"], p["why"], t, e, status, regret, style="bold green" if mark else None)
     out.print(table)
@@ -197,6 +220,8 @@ def show_loop(out: Console, loop) -> None:
         out.print(f"[bold]Picked by measurement[/bold] (*): {loop.plan[v.measured_pick]['label']} "
                   f"({by[v.by]} within the slowdown limit of the fastest measured; regret: the figure per token "
                   f"against the pick's; runs took {loop.run_seconds:,.0f} s)", highlight=False)
+        if loop.rounds > 1:
+            out.print(rounds_line(loop), highlight=False)
     for note in (v.note, loop.refit_note, loop.host_note):
         if note:
             out.print(f"[dim]{note}[/dim]", highlight=False)

@@ -208,11 +208,13 @@ def compare(record: RunRecord, profile=None) -> Comparison:
 
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,
                    profile: str, deadline_s: float | None = None, retry: tuple[str, ...] = (),
-                   on_record: Callable[[RunRecord], None] | None = None, concurrent: bool = True) -> list[RunRecord]:
-    """Predict, run and store each candidate not yet in `jsonl_path` or `store`; return new records."""
+                   on_record: Callable[[RunRecord], None] | None = None, concurrent: bool = True,
+                   skip_stored: bool = True) -> list[RunRecord]:
+    """Predict, run and store each candidate not yet in `jsonl_path` (nor in `store`, unless
+    `skip_stored` is False: a repeat); return new records."""
     from calibration.harness.runner import run_sweep
 
-    done = store.done_keys([s for s in ("ok", "oom", "crash", "timeout") if s not in retry])
+    done = store.done_keys([s for s in ("ok", "oom", "crash", "timeout") if s not in retry]) if skip_stored else set()
     todo = [c for c in candidates if c.key() not in done]
 
     def record(r: RunRecord):

@@ -1,6 +1,9 @@
-"""Shared fixtures: a tiny synthetic cost model whose optimum is known by hand."""
+"""Shared fixtures: a tiny synthetic cost model whose optimum is known by hand; the environment for
+the advisor's CLI in a process of its own (tests/advisor_process.py), with a cache of the test's own."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -63,3 +66,10 @@ def tiny_problem(arch7b):
     model = HandModel(arch7b)
     return Problem(space=space, arch=arch7b, seq_len=4096, tokens=8 * 4096 * 100, evaluate=model,
                    gpu_memory_gib=CAPACITY_GIB, host_memory_gib=512.0, key="tiny")
+
+
+@pytest.fixture
+def cpu_env(tmp_path):
+    """The environment for `advisor`: the repository importable, a run store of the test's own."""
+    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from advisor.loop import Chosen, Measured, choose, measured_pick
+from advisor_process import advisor
 from advisor.search import exhaustive_search
 from models.band import Band
 from runs.record import Candidate, RunRecord, RunResult
@@ -140,16 +141,6 @@ def test_on_a_strayed_host_the_loop_shows_each_run_predicted_again_at_the_host_i
     text = out.file.getvalue()
     assert "slower than predicted" in text and "slow host: at the host its probes measured" in text
     assert "(+0%)" in text and "never ran: at the host" not in text
-
-
-def advisor(*args, cwd, env):
-    return subprocess.run([sys.executable, "-m", "advisor.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900)
-
-
-@pytest.fixture
-def cpu_env(tmp_path):
-    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
 
 
 @pytest.mark.slow

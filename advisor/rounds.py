@@ -1,0 +1,77 @@
+"""Rounds of measurement: which measured candidates a first round cannot rank, in what order later
+rounds run them, and how far the pick stands from each over the rounds both ran.
+
+A host-bound step repeats poorly on a lent host: on one H200 machine the same 256-token ZeRO-2 step
+ran 0.112-0.207 s within eleven minutes, pinned to a CPU or not (machine AD, 2026-12-02,
+data/runs/README.md), while a GPU-bound step repeats within about 2%. One run each cannot rank two
+candidates a few percent apart, so `advisor.loop` measures the close ones again, interleaved, and
+gives the pick's lead with its standard error over the rounds. Figures here are per token, as the
+pick compares them (`advisor.loop.measured_pick`).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+# Candidates whose first measured figure is within this of the pick's are measured again by default.
+DEFAULT_TIE_MARGIN = 0.10
+DEFAULT_ROUNDS = 3
+# A lead of this many standard errors over the rounds is taken as a real one.
+SEPARATED_AT_STDERRS = 2.0
+
+
+def geometric_mean(values: list[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
+
+
+@dataclass(frozen=True)
+class Lead:
+    """How much worse a candidate measured than the pick: the mean over the rounds both ran of the
+    log ratio of their figures, and its standard error (None from a single round)."""
+
+    rounds: int
+    log_ratio: float
+    stderr: float | None
+
+    @property
+    def separated(self) -> bool | None:
+        """Whether the lead is beyond the rounds' scatter; None where one round cannot say."""
+        if self.stderr is None:
+            return None
+        return self.log_ratio > SEPARATED_AT_STDERRS * self.stderr
+
+    def to_dict(self) -> dict:
+        return {"rounds": self.rounds, "ratio": math.exp(self.log_ratio),
+                "stderr_log": self.stderr, "separated": self.separated}
+
+
+def lead(pick_rounds: list[float | None], other_rounds: list[float | None]) -> Lead | None:
+    """The other's lead over the pick (positive: the pick is ahead), paired round by round, so a host
+    that drifts between rounds moves both figures of a round alike; None without a shared round."""
+    logs = [math.log(o / p) for p, o in zip(pick_rounds, other_rounds) if p and o]
+    if not logs:
+        return None
+    stderr = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else None
+    return Lead(len(logs), statistics.fmean(logs), stderr)
+
+
+def contenders(score: dict[int, float], time: dict[int, float], pick: int, max_slowdown: float,
+               tie_margin: float) -> list[int]:
+    """Candidates (of `score`, the measured ones) that another round could put ahead of `pick` or
+    behind it: those within `tie_margin` of its figure that could keep the slowdown limit, the pick,
+    and the fastest where any of them sits within the margin of the limit it sets. In `score`'s order."""
+    fastest = min(time, key=time.get)
+    limit = time[fastest] * (1 + max_slowdown)
+    close = {i for i in score
+             if score[i] <= score[pick] * (1 + tie_margin) and time[i] <= limit * (1 + tie_margin)}
+    close.add(pick)
+    if any(time[i] * (1 + tie_margin) > limit for i in close):
+        close.add(fastest)
+    return [i for i in score if i in close] if len(close) > 1 else []
+
+
+def round_order(items: list, round_number: int) -> list:
+    """Later rounds alternate direction (ABC, CBA, ABC): a host drifting steadily through the rounds
+    then favours no candidate on average."""
+    return list(items) if round_number % 2 == 1 else list(reversed(items))

@@ -1,0 +1,121 @@
+"""Rounds of measurement: which candidates run again, in what order, how their rounds are judged,
+what the loop says of the pick's lead, and the rounds on the CPU, resumed without running again."""
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+from rich.console import Console
+
+from advisor.loop import Chosen, LoopOutcome, Measured, measured_pick, round_path, to_contend
+from advisor.render import rounds_line, show_loop
+from advisor.rounds import contenders, lead, round_order
+from runs.record import Candidate, RunRecord, RunResult
+from advisor_process import advisor
+
+
+def run(label: str, time_s: float | None, gpu_j: float | None = None, status: str = "ok") -> RunRecord:
+    c = Candidate(model="m", seq_len=1000, ds_config={"label": label}, label=label,
+                  strategy={"micro_batch": 1, "gpus": 1, "sp": 1, "grad_accum": 1})
+    return RunRecord.now(c, RunResult(status=status, step_time_s=time_s, gpu_energy_j=gpu_j,
+                                      cpu_energy_j=10.0 if gpu_j else None))
+
+
+def rounds_of(label: str, times: list[float], energies: list[float] | None = None) -> Measured:
+    energies = energies or [None] * len(times)
+    first, *later = [run(label, t, e) for t, e in zip(times, energies)]
+    return Measured(Chosen(0, label), first, tuple(later))
+
+
+def test_a_lead_is_paired_by_round_and_separated_beyond_two_standard_errors():
+    steady = lead([1.0, 2.0, 1.5], [1.1, 2.2, 1.65])  # 10% behind in every round, whatever the host did
+    assert steady.rounds == 3 and steady.log_ratio == pytest.approx(math.log(1.1)) and steady.separated
+    assert steady.stderr == pytest.approx(0.0, abs=1e-12)
+    noisy = lead([1.0, 1.0, 1.0], [1.3, 0.8, 1.05])  # ahead in two rounds, behind in one
+    assert noisy.separated is False and noisy.stderr > 0.05
+    single = lead([1.0, None], [1.2, 1.1])  # the pick's second round failed: one shared round
+    assert single.rounds == 1 and single.stderr is None and single.separated is None
+    assert lead([None], [1.0]) is None
+
+
+def test_contenders_are_those_within_the_margin_that_could_keep_the_slowdown_limit():
+    score = {0: 100.0, 1: 105.0, 2: 109.0, 3: 120.0, 4: 95.0}
+    time = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 2.0}  # 4 uses less but is twice as slow: out of the limit
+    assert contenders(score, time, pick=0, max_slowdown=0.1, tie_margin=0.10) == [0, 1, 2]
+    assert contenders(score, time, pick=0, max_slowdown=0.1, tie_margin=0.02) == []  # none close: no round
+    # the pick near the slowdown limit set by the fastest: the fastest runs again too, as it sets the limit
+    near = {0: 1.08, 1: 1.0, 2: 1.09, 3: 1.0, 4: 1.0}
+    assert contenders({0: 100.0, 1: 130.0, 2: 104.0}, {i: near[i] for i in range(3)}, 0, 0.1, 0.10) == [0, 1, 2]
+
+
+def test_later_rounds_alternate_direction():
+    assert [round_order(["a", "b", "c"], n) for n in (2, 3, 4)] == [["c", "b", "a"], ["a", "b", "c"], ["c", "b", "a"]]
+
+
+def test_the_pick_is_judged_on_its_rounds_not_its_first_run():
+    """A wins the first round by luck (its host was fast then); over three rounds B uses less."""
+    a = rounds_of("a", [1.0, 1.0, 1.0], [900.0, 1100.0, 1100.0])
+    b = rounds_of("b", [1.0, 1.0, 1.0], [950.0, 1000.0, 1000.0])
+    first_only = [Measured(a.chosen, a.record), Measured(b.chosen, b.record)]
+    assert measured_pick(first_only, "energy", 0.1).measured_pick == 0
+    assert to_contend(first_only, measured_pick(first_only, "energy", 0.1), 0.1, 0.10) == [0, 1]
+    v = measured_pick([a, b], "energy", 0.1)
+    assert v.measured_pick == 1 and v.regret[0] > 0
+    assert v.leads[0].rounds == 3 and v.leads[0].separated is False  # behind in two rounds, ahead in one
+    assert b.time_s == pytest.approx(1.0) and b.energy_j == pytest.approx((960 * 1010 * 1010) ** (1 / 3))
+
+
+def test_a_failed_repeat_leaves_its_round_out():
+    m = Measured(Chosen(0, "x"), run("x", 1.0), (run("x", None, status="crash"), run("x", 4.0)))
+    assert m.round_time_s() == [1.0, None, 4.0] and m.time_s == pytest.approx(2.0)
+
+
+def outcome(measured: list[Measured]) -> LoopOutcome:
+    plan = [{"label": m.chosen.why, "why": "tied", "step_time_s": 1.0, "energy_j": 1000.0} for m in measured]
+    return LoopOutcome([m.chosen for m in measured], plan, measured, measured_pick(measured, "energy", 0.1), None, "")
+
+
+def test_the_loop_says_whether_the_rounds_told_the_pick_apart():
+    # each round's energy counts the host's 10 J too: b is 10% above a in every round
+    apart = outcome([rounds_of("a", [1.0] * 3, [1000.0, 1200.0, 900.0]),
+                     rounds_of("b", [1.0] * 3, [1101.0, 1321.0, 991.0])])
+    assert "led b by 10.0%" in rounds_line(apart) and "beyond the rounds' scatter" in rounds_line(apart)
+    tied = outcome([rounds_of("a", [1.0] * 3, [1000.0, 1000.0, 1000.0]),
+                    rounds_of("b", [1.0] * 3, [1200.0, 900.0, 1000.0])])
+    assert "either will do" in rounds_line(tied)
+    assert tied.rounds == 3 and tied.to_dict()["rounds"] == 3
+    entry = tied.to_dict()["candidates"][1]
+    assert [r["step_time_s"] for r in entry["rounds"]] == [1.0] * 3
+    assert entry["behind_pick"]["rounds"] == 3 and entry["behind_pick"]["separated"] is False
+    out = Console(file=io.StringIO(), width=220)
+    show_loop(out, tied)
+    assert "(3 rounds)" in out.file.getvalue() and "either will do" in out.file.getvalue()
+    once = outcome([rounds_of("a", [1.0], [1000.0]), rounds_of("b", [1.0], [1100.0])])
+    assert once.rounds == 1 and once.to_dict()["candidates"][1]["behind_pick"]["separated"] is None
+
+
+@pytest.mark.slow
+def test_the_rounds_run_interleaved_on_the_cpu_and_resume_without_running_again(tmp_path, cpu_env):
+    args = ["recommend", "--model", "tiny-cpu", "--seq", "256", "--global-batch", "4", "--profile", "h200",
+            "--search", "exhaustive", "--validate", "2", "--rounds", "2", "--tie-margin", "1000%",
+            "--workdir", str(tmp_path / "work"), "--json"]
+    done = advisor(*args, cwd=tmp_path, env=cpu_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loop = json.loads(done.stdout)["validation"]
+    assert loop["rounds"] == 2 and all(len(c["rounds"]) == 2 for c in loop["candidates"])
+    assert "round 2 of 2" in done.stderr
+    first = [json.loads(x) for x in (tmp_path / "work" / "runs.jsonl").read_text().splitlines()]
+    second = [json.loads(x) for x in round_path(tmp_path / "work" / "runs.jsonl", 2).read_text().splitlines()]
+    assert [r["candidate"]["label"] for r in second] == [r["candidate"]["label"] for r in first][::-1]
+    assert {r["key"] for r in first} == {r["key"] for r in second}
+    for c in loop["candidates"]:  # each candidate's figure is the geometric mean of its two rounds
+        times = [r["step_time_s"] for r in c["rounds"]]
+        assert c["measured"]["step_time_s"] == pytest.approx(math.sqrt(times[0] * times[1]))
+    assert sum(c["behind_pick"] is not None for c in loop["candidates"]) == 1
+
+    again = advisor(*args, cwd=tmp_path, env=cpu_env)  # resumed: nothing runs again
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[ok]" not in again.stderr
+    assert json.loads(again.stdout)["validation"]["candidates"] == loop["candidates"]
