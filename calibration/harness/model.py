@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -253,7 +254,9 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(positions, self.arch.head_dim)
         for i, layer in enumerate(self.layers):
             if self.checkpointing.wraps(i):
-                x = self.checkpointing.fn(layer, x, cos, sin)
+                # The RoPE tables go in by closure, not as arguments: DeepSpeed's cpu_checkpointing empties
+                # every floating tensor argument once the block's forward is done, and every layer shares them.
+                x = self.checkpointing.fn(partial(layer, cos=cos, sin=sin), x)
             else:
                 x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))  # [b, s, vocab]

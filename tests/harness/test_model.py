@@ -84,7 +84,7 @@ def test_checkpointing_wraps_every_kth_block_and_keeps_gradients(every, wrapped)
     calls = []
 
     def fn(block, *args):
-        calls.append(block)
+        calls.append(block.func)  # the layer, its RoPE tables bound (see the test below)
         return torch_checkpoint(block, *args, use_reentrant=False)
 
     torch.manual_seed(1)
@@ -97,6 +97,30 @@ def test_checkpointing_wraps_every_kth_block_and_keeps_gradients(every, wrapped)
     assert [list(ckpt.layers).index(b) for b in calls] == wrapped
     for a, b in zip(plain.parameters(), ckpt.parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-6)
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_checkpoint_that_empties_its_tensor_arguments_leaves_the_shared_rope_tables_alone(every):
+    """DeepSpeed's cpu_checkpointing keeps a CPU copy of each floating tensor handed to a checkpointed
+    block and empties the tensor once the block's forward is done (deepspeed.checkpointing's
+    get_cpu_activations_for_backward). The RoPE tables that every layer shares must not be handed over
+    so, or the next layer meets a 0-dim table (one H200, 2026-12-02: 'IndexError: too many indices for
+    tensor of dimension 0'). Its CPU path cannot run here (on the CPU its copy is the tensor itself)."""
+    def emptying(block, *args):
+        out = block(*args)
+        for a in args:
+            if torch.is_tensor(a) and a.is_floating_point():
+                a.data = torch.empty([], dtype=a.dtype).data
+        return out
+
+    arch = tiny(num_hidden_layers=4)
+    torch.manual_seed(1)
+    plain = Transformer(arch)
+    torch.manual_seed(1)
+    ckpt = Transformer(arch, checkpointing=Checkpointing(every, emptying))
+    tokens, targets = torch.randint(0, 512, (1, 16)), torch.randint(0, 512, (1, 16))
+    with torch.no_grad():
+        assert torch.allclose(ckpt(tokens, targets), plain(tokens, targets))
 
 
 def test_vision_tokens_replace_the_embeddings_where_the_batch_says():
