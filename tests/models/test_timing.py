@@ -270,11 +270,22 @@ def test_zero2_offloads_accumulation_round_trip_is_waited_on_even_with_overlap(g
     assert transfer(3, 3) == pytest.approx(transfer(3, 1), rel=1e-6)
 
 
-def test_cpu_checkpointing_copies_each_checkpoint_down_and_up(gh200):
-    rate = float(gh200.host.d2h(1e9))
+def test_cpu_checkpointing_copies_hide_behind_the_pass_they_ride_on_and_only_the_rest_is_exposed(gh200):
+    """Each checkpoint goes down in forward and comes back in backward on DeepSpeed's copy stream: at
+    C2C speed 7B's 4k checkpoints take 3 ms each way against a forward of a tenth of a second, and the
+    step is that of GPU checkpointing; over a link 1,000 times slower only the copies' excess over each
+    pass is exposed."""
     s = Strategy(gpus=1, gpus_per_node=1, checkpoint_every=1, cpu_checkpointing=True, grad_accum=2)
+    on_gpu = Strategy(gpus=1, gpus_per_node=1, checkpoint_every=1, grad_accum=2)
+    assert _phases(s, gh200)["host_transfer"] == 0.0
+    assert predict(W7, s, gh200).step_time_s == pytest.approx(predict(W7, on_gpu, gh200).step_time_s)
+    slow = _with({"host.h2d": {**FLAT_LINK, "y": [386e6]}, "host.d2h": {**FLAT_LINK, "y": [386e6]}})
     ckpt = 4096 * 2 * 4096 * 32  # tokens x bf16 x hidden x layers
-    assert _phases(s, gh200)["host_transfer"] == pytest.approx(2 * 2 * ckpt / rate)
+    phases = _phases(s, slow)
+    forward = (phases["compute"] + phases["attention"] + phases["elementwise"]) / 2 / 3  # a third of fwd+bwd
+    backward = 2 * forward + phases["recompute"] / 2
+    expected = 2 * (ckpt / 386e6 - forward + ckpt / 386e6 - backward)
+    assert phases["host_transfer"] == pytest.approx(expected, rel=0.02)
 
 
 def test_deepspeed_overheads_add_per_step_micro_step_and_offloaded_parameter():
