@@ -63,6 +63,9 @@ def assert_one_line_error(result) -> str:
     # found by the fuzz below: a count past int64 reached numpy
     (["predict", "--model", "tiny-cpu", "--seq", "256", "--gpus", "20000000000000000000"], "not in the range"),
     (["report", "--runs", "/no/such.jsonl", "--profile", "h200"], "not found"),
+    (["recommend", "--model", "7B", "--seq", "4k", "--rounds", "2"], "belongs to --validate"),
+    (["recommend", "--model", "7B", "--seq", "4k", "--validate", "2", "--tie-margin", "nan"], "--tie-margin"),
+    (["recommend", "--model", "7B", "--seq", "4k", "--validate", "2", "--tie-margin", "15"], "write 15%"),
 ])
 def test_bad_input_seen_in_the_wild_is_one_line(args, needle):
     assert needle in assert_one_line_error(invoke(args))
@@ -93,6 +96,13 @@ def test_predict_survives_any_value(option, value):
        value=TEXT)
 def test_recommend_survives_any_value(option, value):
     assert_one_line_or_result(invoke(["recommend", *FAST, "--search", "exhaustive", "--json", option, value]))
+
+
+@FUZZ
+@given(option=st.sampled_from(["--rounds", "--tie-margin"]), value=TEXT)
+def test_the_loops_options_survive_any_value(option, value):
+    assert_one_line_or_result(invoke(["recommend", *FAST, "--search", "exhaustive", "--json", "--validate", "1",
+                                      "--plan-only", option, value]))
 
 
 @FUZZ

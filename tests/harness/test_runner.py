@@ -104,7 +104,8 @@ def test_a_failing_run_is_a_crash_with_its_error(tmp_path, tiny_model):
 @pytest.mark.slow
 def test_a_run_past_its_timeout_is_stopped_and_recorded(tmp_path, tiny_model):
     c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(0))
-    result = run_candidate(c, tmp_path, RunSettings(timeout_s=2.0))
+    # a window of a minute, so no start-up is quick enough to finish inside the timeout
+    result = run_candidate(c, tmp_path, RunSettings(WindowSettings(min_window_s=60.0), timeout_s=2.0))
     assert result.status == "timeout" and "2 s" in result.reason
     assert result.wall_s < 20  # the whole process group went down, not just torchrun
 
