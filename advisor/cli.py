@@ -255,10 +255,12 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
 @click.option("--tie-margin", "tie_margin_text", default=None,
               help=f"With --validate: a candidate measured within this of the pick's figure runs again (default "
                    f"{DEFAULT_TIE_MARGIN:.0%}).")
+@click.option("--retry", multiple=True, type=click.Choice(["oom", "crash", "timeout"]),
+              help="With --validate: run again the candidates stored with this status (say, a crash since fixed).")
 def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype,
               as_json, gpus_text, objective, slowdown_text, method, trials, storage, seed, tokens_text, threads,
               margin_text, out_ds_config, plot_path, validate_k, budget_s, refit, script, workdir, store_path,
-              plan_only, rounds, tie_margin_text):
+              plan_only, rounds, tie_margin_text, retry):
     """Search ZeRO stage, offload, checkpointing, sp and micro-batch; print the Pareto front,
     the pick, its DeepSpeed config and launch line. With --validate K, measure the closest
     candidates and pick by measurement."""
@@ -267,7 +269,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     from advisor.space import widest_sp
 
     loop_only = {"--budget": budget_s, "--refit": refit, "--script": script, "--store": store_path,
-                 "--plan-only": plan_only, "--rounds": rounds, "--tie-margin": tie_margin_text}
+                 "--plan-only": plan_only, "--rounds": rounds, "--tie-margin": tie_margin_text, "--retry": retry}
     if validate_k is None and any(loop_only.values()):
         given = ", ".join(k for k, v in loop_only.items() if v)
         raise InputError(f"{given} belongs to --validate K (measure K candidates): add it, or leave {given} out")
@@ -299,7 +301,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     tie_margin = DEFAULT_TIE_MARGIN if tie_margin_text is None else parse_fraction(tie_margin_text, "--tie-margin")
     loop = None if validate_k is None else LoopSettings(
         k=validate_k, workdir=workdir, store=store_path, jsonl=None, budget_s=budget_s, script=script, refit=refit,
-        plan_only=plan_only, rounds=rounds or DEFAULT_ROUNDS, tie_margin=tie_margin)
+        plan_only=plan_only, rounds=rounds or DEFAULT_ROUNDS, tie_margin=tie_margin, retry=tuple(retry))
     recommend_run(RecommendRequest(
         model=model, workload=workload, profile=prof, profile_name=profile, gpu_counts=counts,
         global_batch=_global_batch(global_batch_text, workload.seq_len), tokens=tokens, objective=objective,

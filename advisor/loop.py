@@ -113,7 +113,7 @@ class Measured:
 
     chosen: Chosen
     record: RunRecord | None  # its first round's run (or the one stored before)
-    repeats: tuple[RunRecord, ...] = ()  # its runs of later rounds, in round order
+    repeats: tuple[RunRecord | None, ...] = ()  # its runs of later rounds, in round order (None: not run)
 
     @property
     def ok(self) -> bool:
@@ -122,7 +122,7 @@ class Measured:
     @property
     def rounds(self) -> list[RunRecord | None]:
         """Its run of each round it took part in, None where that run failed."""
-        return [r if r.result.status == "ok" else None for r in (self.record, *self.repeats)] if self.ok else []
+        return [r if r and r.result.status == "ok" else None for r in (self.record, *self.repeats)] if self.ok else []
 
     @property
     def tokens_per_step(self) -> int:
@@ -230,7 +230,7 @@ def measured_dict(m: Measured, verdict: Verdict, i: int) -> dict:
             "measured": {"step_time_s": m.time_s, "energy_j": m.energy_j, "gpu_energy_j": gpu_j,
                          "peak_gpu_mem_gib": r.result.peak_gpu_mem_gib if m.ok else None,
                          "peak_gpu_reserved_gib": r.result.peak_gpu_reserved_gib if m.ok else None,
-                         "wall_s": sum(x.result.wall_s or 0.0 for x in (r, *m.repeats)) if r else None},
+                         "wall_s": sum(x.result.wall_s or 0.0 for x in (r, *m.repeats) if x) if r else None},
             "rounds": [{"step_time_s": t, "energy_j": e} for t, e in zip(m.round_time_s(), m.round_energy_j())],
             "regret": verdict.regret.get(i), "behind_pick": behind.to_dict() if behind else None,
             "is_measured_pick": verdict.measured_pick == i, "result": asdict(r.result) if r else None}
@@ -252,6 +252,7 @@ class LoopSettings:
     timeout_s: float = 600.0
     rounds: int = DEFAULT_ROUNDS  # rounds of measurement for the candidates the first cannot rank
     tie_margin: float = DEFAULT_TIE_MARGIN  # within this of the pick's figure, a candidate runs again
+    retry: tuple[str, ...] = ()  # statuses (oom, crash, timeout) of stored runs to run again
 
 
 def round_path(jsonl: Path, round_number: int) -> Path:
@@ -297,7 +298,7 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
 
     with RunStore(settings.store or default_store_path()) as store:
         run_validation(candidates, store, jsonl, workdir, run_settings, slots, profile_name,
-                       deadline_s=left(), on_record=on_record)
+                       deadline_s=left(), retry=settings.retry, on_record=on_record)
         later = {(r.key, r.date) for path in jsonl.parent.glob(f"{jsonl.stem}-round-*{jsonl.suffix}")
                  for r in read_records(path)}
         first = {**_latest_by_key(r for r in store.runs() if (r.key, r.date) not in later),
@@ -312,10 +313,15 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
             run_validation(round_order([candidates[i] for i in again], n), store, path, workdir, run_settings, slots,
                            profile_name, deadline_s=left(), on_record=on_record, skip_stored=False)
             this_round = _latest_by_key(read_records(path, missing_ok=True))
-            for i in again:
-                if candidates[i].key() in this_round:
-                    repeats[i].append(this_round[candidates[i].key()])
-    return [Measured(m.chosen, m.record, tuple(repeats.get(i, ()))) for i, m in enumerate(measured)]
+            for i in again:  # None where the budget ended first: rounds stay paired by position
+                repeats[i].append(this_round.get(candidates[i].key()))
+    return [Measured(m.chosen, m.record, _without_trailing_none(repeats.get(i, []))) for i, m in enumerate(measured)]
+
+
+def _without_trailing_none(runs: list) -> tuple:
+    while runs and runs[-1] is None:
+        runs = runs[:-1]
+    return tuple(runs)
 
 
 def _with_script(candidate, script: str):

@@ -72,6 +72,16 @@ def test_a_failed_repeat_leaves_its_round_out():
     assert m.round_time_s() == [1.0, None, 4.0] and m.time_s == pytest.approx(2.0)
 
 
+def test_a_round_not_run_keeps_the_later_rounds_paired_with_the_picks():
+    """The budget ended before b's second run, and a resumed loop ran its third: it is paired with the
+    pick's third round, not its second."""
+    a = rounds_of("a", [1.0] * 3, [1000.0, 1100.0, 1000.0])
+    b = Measured(Chosen(0, "b"), run("b", 1.0, 1090.0), (None, run("b", 1.0, 1090.0)))
+    v = measured_pick([a, b], "energy", 0.1)
+    assert v.measured_pick == 0 and v.leads[1].rounds == 2
+    assert v.leads[1].log_ratio == pytest.approx(math.log(1100 / 1010))  # not against the pick's 1110
+
+
 def outcome(measured: list[Measured]) -> LoopOutcome:
     plan = [{"label": m.chosen.why, "why": "tied", "step_time_s": 1.0, "energy_j": 1000.0} for m in measured]
     return LoopOutcome([m.chosen for m in measured], plan, measured, measured_pick(measured, "energy", 0.1), None, "")
@@ -119,3 +129,26 @@ def test_the_rounds_run_interleaved_on_the_cpu_and_resume_without_running_again(
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[ok]" not in again.stderr
     assert json.loads(again.stdout)["validation"]["candidates"] == loop["candidates"]
+
+
+@pytest.mark.slow
+def test_a_stored_crash_is_taken_as_measured_unless_the_loop_is_told_to_retry_it(tmp_path, cpu_env):
+    """A crash stored before its cause was fixed (the harness's CPU checkpointing, 2026-12-02) stands
+    until `--retry crash` runs the candidate again."""
+    from advisor.validate import candidate_from_strategy
+    from runs.store import RunStore
+
+    args = ["recommend", "--model", "tiny-cpu", "--seq", "256", "--global-batch", "4", "--profile", "h200",
+            "--search", "exhaustive", "--validate", "1", "--rounds", "1", "--store", str(tmp_path / "runs.db"),
+            "--workdir", str(tmp_path / "work"), "--json"]
+    plan = json.loads(advisor(*args, "--plan-only", cwd=tmp_path, env=cpu_env).stdout)["plan"]["candidates"][0]
+    crashed = candidate_from_strategy("tiny-cpu", 256, plan["strategy"])
+    with RunStore(tmp_path / "runs.db") as store:
+        store.add_run(RunRecord.now(crashed, RunResult(status="crash", reason="IndexError: an old harness bug")))
+    stored = advisor(*args, cwd=tmp_path, env=cpu_env)
+    assert stored.returncode == 0, stored.stderr[-3000:]
+    assert json.loads(stored.stdout)["validation"]["candidates"][0]["status"] == "crash"
+    assert "[ok]" not in stored.stderr
+    retried = advisor(*args, "--retry", "crash", cwd=tmp_path, env=cpu_env)
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert json.loads(retried.stdout)["validation"]["candidates"][0]["status"] == "ok"
