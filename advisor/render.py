@@ -144,10 +144,6 @@ def _alternatives_table(result: SearchResult, others: list) -> Table:
     return table
 
 
-def _num(x, fmt: str = ",.3g") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
 def figure(value, digits: int = 3) -> str:
     """A measured or predicted figure: three significant digits, whole numbers from 1,000 up."""
     if value is None:
@@ -199,12 +195,12 @@ def show_loop(out: Console, loop) -> None:
     for i, p in enumerate(loop.plan):
         m = loop.measured[i] if loop.measured else None
         t_band, e_band = p.get("step_time_s_band"), p.get("energy_j_band")
-        t = f"{p['step_time_s']:,.3g}" + (f" [{t_band[0]:,.3g}-{t_band[1]:,.3g}]" if t_band else "")
-        e = f"{p['energy_j'] / 1e3:,.3g}" + (f" [{e_band[0] / 1e3:,.3g}-{e_band[1] / 1e3:,.3g}]" if e_band else "")
+        t = figure(p["step_time_s"]) + (f" [{figure(t_band[0])}-{figure(t_band[1])}]" if t_band else "")
+        e = figure(p["energy_j"] / 1e3) + (f" [{figure(e_band[0] / 1e3)}-{figure(e_band[1] / 1e3)}]" if e_band else "")
         status, regret, mark = "planned", "", ""
         if m is not None:
-            t += f" / {_num(m.time_s)}"
-            e += f" / {_num(m.energy_j / 1e3 if m.energy_j is not None else None)}"
+            t += f" / {figure(m.time_s)}"
+            e += f" / {figure(m.energy_j / 1e3 if m.energy_j is not None else None)}"
             status = m.record.result.status if m.record else "not run"
             if m.record and not m.ok:
                 status += f": {m.record.result.reason[:60]}"
