@@ -115,4 +115,6 @@ def host_bound_notes(prediction) -> list[str]:
     return [f"note: {share:.0%} of this step is the host's (kernel launches, autograd, ZeRO hooks, DeepSpeed's host "
             "work, the CPU optimizer), which follows the host's speed: lent H200 hosts ran such steps up to 1.75x "
             "apart, and the band around this prediction is the wider one of host-bound steps. More work per launch "
-            "(a longer context, a larger micro-batch) hides the issue time behind the GPU."]
+            "(a longer context, a larger micro-batch) hides the issue time behind the GPU. On the machine you will "
+            "train on, `advisor recommend --validate K` measures the closest candidates in interleaved rounds and "
+            "picks by measurement."]
