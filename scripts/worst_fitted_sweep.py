@@ -22,12 +22,24 @@ from runs.measured import shipped_run_files  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
 
 
-def worst_keys(report: dict, gpus: int, max_step_s: float) -> list[tuple[float, str]]:
-    """(larger of the time and energy errors, run key) of the report's leave-one-out runs, worst first."""
+def shipped_by_key() -> dict:
+    """The fitted shipped runs by key, the latest of each (its config is the key's)."""
+    records = {}
+    for path in shipped_run_files(with_excluded=False):
+        for record in read_records(path):
+            if record.candidate.strategy is not None:
+                records[record.key] = record
+    return records
+
+
+def worst_keys(report: dict, records: dict, gpus: int, max_step_s: float) -> list[tuple[float, str]]:
+    """(larger of the time and energy errors, run key) of the report's leave-one-out runs on `gpus` GPUs
+    (as their records say), worst first."""
     out = []
     for run in report["leave_one_out"]["runs"]:
         measured, predicted = run["measured"], run["predicted"]
-        if f" {gpus}gpu" not in run["label"] or measured["step_time_s"] > max_step_s:
+        record = records.get(run["run_id"])
+        if record is None or record.candidate.gpus != gpus or measured["step_time_s"] > max_step_s:
             continue
         errors = [abs(predicted[k] / measured[k] - 1) for k in ("step_time_s", "gpu_energy_j") if measured.get(k)]
         out.append((max(errors), run["run_id"]))
@@ -59,12 +71,8 @@ def main(argv=None) -> int:
         report = json.loads(args.report.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         p.error(f"cannot read the fit report: {exc}")
-    records = {}
-    for path in shipped_run_files(with_excluded=False):
-        for record in read_records(path):
-            if record.candidate.strategy is not None:
-                records[record.key] = record  # the latest of a key: its config is the key's
-    worst = [records[key] for _, key in worst_keys(report, args.gpus, args.max_step_s) if key in records]
+    records = shipped_by_key()
+    worst = [records[key] for _, key in worst_keys(report, records, args.gpus, args.max_step_s)]
     chosen = worst[args.skip:args.skip + args.count]
     try:
         args.out.write_text("".join(json.dumps(sweep_line(r)) + "\n" for r in chosen))
