@@ -149,3 +149,21 @@ def test_a_stored_crash_is_taken_as_measured_unless_the_loop_is_told_to_retry_it
     retried = advisor(*args, "--retry", "crash", cwd=tmp_path, env=cpu_env)
     assert retried.returncode == 0, retried.stderr[-3000:]
     assert json.loads(retried.stdout)["validation"]["candidates"][0]["status"] == "ok"
+
+
+def test_the_shipped_loops_with_rounds_read_as_the_readme_says():
+    """benchmarks/loop_rounds.py on data/loops: in TinyLlama's loop ZeRO-1 and ZeRO-0 are equal over
+    three rounds; in qwen2.5-0.5b's, checkpointing every 2nd layer is behind beyond the scatter."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from loop_rounds import loops
+
+    found = loops()
+    tiny = {r["label"]: r for r in found["loop-rounds-tinyllama-1k-1gpu"]}
+    assert tiny["z1 sp1 mb8 ga1 1gpu 16thr"]["pick"] and tiny["z0 sp1 mb8 ga1 1gpu 16thr"]["separated"] is False
+    small = {r["label"]: r for r in found["loop-rounds-0.5b-1k-1gpu"]}
+    assert small["z0 ckpt/2 sp1 mb4 ga1 1gpu 16thr"]["separated"] is True
+    assert small["z0 ckpt/2 sp1 mb4 ga1 1gpu 16thr"]["regret"] == pytest.approx(0.144, abs=0.001)
+    assert "loop-7b-8k-1gpu" not in found  # measured before rounds
