@@ -423,9 +423,9 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     folder = old.parent if os.access(old.parent, os.W_OK) and old.parent != PROFILES_DIR else Path.cwd()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = folder / f"{old.stem}.refit-{stamp}.json"
-    print(f"refitting {profile_name} to {run_set.summary()}, each run left out once (about a second a run)...",
-          file=sys.stderr, flush=True)
-    done = refit(run_set.runs, profile, data_note=f"store {store}")
+    print(f"refitting {profile_name} to {run_set.summary()}, each run left out once...", file=sys.stderr, flush=True)
+    done = refit(run_set.runs, profile, data_note=f"store {store}", jobs=os.cpu_count() or 1,
+                 progress=lambda message: print(message, file=sys.stderr, flush=True))
     out.write_text(done.model.profile_.to_json() + "\n")
     band_path(out).write_text(done.band.to_json() + "\n")
     loo = done.report.families[0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
         return 1
     profile = load_profile(args.profile)
     start = time.perf_counter()
-    done = refit(run_set.runs, profile, data_note=", ".join(paths))
+    done = refit(run_set.runs, profile, data_note=", ".join(paths), jobs=os.cpu_count() or 1,
+                 progress=lambda message: print(message, file=sys.stderr, flush=True))
     seconds = time.perf_counter() - start
     loo, strength, scores = done.report, done.prior_strength, done.cv_scores
     as_is = accuracy_report(compare_as_is(run_set.runs, profile), "as-is, in-sample where fitted to these runs",

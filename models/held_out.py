@@ -6,6 +6,7 @@ held-out runs and predict them, which is the number of record and how the prior'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from joblib import Parallel, delayed
@@ -28,7 +29,7 @@ class HeldOutPrediction:
 
 def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit | None = None,
                   full_fit: ProfileFit | None = None, max_nfev: int | None = None, tol: float = 1e-5,
-                  jobs: int = 1) -> list[HeldOutPrediction]:
+                  jobs: int = 1, on_fold: Callable[[int], None] | None = None) -> list[HeldOutPrediction]:
     """Refit without each run in turn and predict it: the honest estimate of error on new runs.
 
     Each refit starts the optimizer from the full fit's values (the prior stays centred on
@@ -37,7 +38,7 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
     Which constants a fold's runs inform comes from one probe of all runs at the full fit's
     values, less the held-out run: a family measured once is predicted, when held out, with
     the constants it alone informed at their starting values. The refits are independent: `jobs`
-    processes share them (joblib; -1: one a core)."""
+    processes share them (joblib; -1: one a core). `on_fold(n)` is told each time the n-th is done."""
     base_profile = prefit_profile(base_profile)
     settings = (estimator or ProfileFit()).get_params()
     if full_fit is None:
@@ -49,7 +50,12 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
     informed = [{name for name, e in effects.items() if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
                 for i in range(len(runs))]
     folds = (delayed(_held_out_fold)(runs, i, base_profile, settings, warm, informed[i]) for i in range(len(runs)))
-    return Parallel(n_jobs=jobs)(folds)
+    held = []
+    for done in Parallel(n_jobs=jobs, return_as="generator")(folds):
+        held.append(done)
+        if on_fold:
+            on_fold(len(held))
+    return held
 
 
 def _held_out_fold(runs: list[MeasuredRun], i: int, base_profile: HardwareProfile, settings: dict,
