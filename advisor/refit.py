@@ -59,7 +59,7 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
         if len(runs) >= MIN_RUNS_FOR_CV:
             progress(f"choosing the prior strength: 5-fold cross-validation of {len(PRIOR_GRID)} strengths, "
                      f"{5 * len(PRIOR_GRID)} fits...")
-            strength, scores = choose_prior_strength(runs, base)
+            strength, scores = choose_prior_strength(runs, base, jobs=jobs)
         else:
             strength = ProfileFit().prior_strength
     else:

@@ -72,34 +72,41 @@ def _held_out_fold(runs: list[MeasuredRun], i: int, base_profile: HardwareProfil
 PRIOR_GRID = (1e-3, 1e-2, 1e-1)
 
 
-def cross_validated_error(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit,
-                          folds: int = 5, seed: int = 0) -> float:
-    """Mean |log error| of step time and GPU energy on runs held out `folds` at a time."""
-    order = np.random.default_rng(seed).permutation(len(runs))
+def _fold_errors(runs: list[MeasuredRun], held: set[int], base_profile: HardwareProfile,
+                 settings: dict) -> list[float]:
+    """|log error| of step time and GPU energy of the `held` runs, predicted by a fit to the others
+    (one fold, for a worker of its own)."""
+    train = [r for i, r in enumerate(runs) if i not in held]
+    profile = ProfileFit(**settings).fit(train, base_profile).profile_
     errors = []
-    for k in range(folds):
-        held = set(order[k::folds].tolist())
-        train = [r for i, r in enumerate(runs) if i not in held]
-        if not held or not train:
-            continue
-        profile = ProfileFit(**estimator.get_params()).fit(train, base_profile).profile_
-        for i in held:
-            p = predict(runs[i].workload, runs[i].strategy, runs[i].on_its_host(profile))
-            errors.append(abs(np.log(p.step_time_s / runs[i].step_time_s)))
-            if runs[i].gpu_energy_j:
-                errors.append(abs(np.log(p.gpu_energy_j / runs[i].gpu_energy_j)))
-    return float(np.mean(errors))
+    for i in sorted(held):
+        p = predict(runs[i].workload, runs[i].strategy, runs[i].on_its_host(profile))
+        errors.append(abs(np.log(p.step_time_s / runs[i].step_time_s)))
+        if runs[i].gpu_energy_j:
+            errors.append(abs(np.log(p.gpu_energy_j / runs[i].gpu_energy_j)))
+    return errors
+
+
+def _folds(n: int, folds: int, seed: int) -> list[set[int]]:
+    order = np.random.default_rng(seed).permutation(n)
+    held = [set(order[k::folds].tolist()) for k in range(folds)]
+    return [h for h in held if h and len(h) < n]
 
 
 def choose_prior_strength(runs: list[MeasuredRun], base_profile: HardwareProfile, grid=PRIOR_GRID, folds: int = 5,
-                          estimator: ProfileFit | None = None) -> tuple[float, dict[float, float]]:
-    """The prior strength of `grid` with the least k-fold cross-validated error, and every score.
+                          estimator: ProfileFit | None = None, jobs: int = 1) -> tuple[float, dict[float, float]]:
+    """The prior strength of `grid` with the least k-fold cross-validated error (mean |log error| of
+    step time and GPU energy on the runs held out a fold at a time), and every score. Every strength's
+    folds are independent fits: `jobs` processes share them.
 
     How far the runs may pull constants from their measured starting values is the one choice
     the fit cannot make from its own residuals; held-out runs make it."""
     settings = (estimator or ProfileFit()).get_params()
-    scores = {}
-    for strength in grid:
-        model = ProfileFit(**{**settings, "prior_strength": strength})
-        scores[strength] = cross_validated_error(runs, base_profile, model, folds=min(folds, len(runs)))
+    held_out = _folds(len(runs), min(folds, len(runs)), seed=0)
+    tasks = [(strength, held) for strength in grid for held in held_out]
+    errors = Parallel(n_jobs=jobs)(delayed(_fold_errors)(runs, held, base_profile,
+                                                         {**settings, "prior_strength": strength})
+                                   for strength, held in tasks)
+    scores = {strength: float(np.mean([e for (s, _), fold in zip(tasks, errors) if s == strength for e in fold]))
+              for strength in grid}
     return min(scores, key=scores.get), scores

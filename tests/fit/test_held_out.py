@@ -79,6 +79,9 @@ def test_cross_validation_prefers_the_prior_that_predicts_held_out_runs(small_sp
     runs = synthetic_runs(noise=0.002, seed=9, specs=small_specs[:10])
     best, scores = choose_prior_strength(runs, base, grid=(1e-3, 10.0), folds=3)
     assert best == 1e-3 and scores[1e-3] < scores[10.0]
+    # every strength's folds are independent fits: shared among processes, the same scores
+    shared = choose_prior_strength(runs, base, grid=(1e-3, 10.0), folds=3, jobs=2)
+    assert shared[0] == best and shared[1] == pytest.approx(scores, rel=1e-9)
 
 
 def test_a_refit_says_what_its_refits_will_take_and_how_far_they_are(small_runs, base):
