@@ -54,11 +54,12 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     `progress` is told what each stage will take and how far the refits are: on 203 runs one fit
     took 37 s on one core, and the refits as long each (2026-12-02)."""
     base = prefit_profile(profile)
+    workers = min(len(runs), jobs if jobs > 0 else os.cpu_count() or 1)
     scores: dict[float, float] = {}
     if prior == "cv":
         if len(runs) >= MIN_RUNS_FOR_CV:
             progress(f"choosing the prior strength: 5-fold cross-validation of {len(PRIOR_GRID)} strengths, "
-                     f"{5 * len(PRIOR_GRID)} fits...")
+                     f"{5 * len(PRIOR_GRID)} fits on {workers} processes...")
             strength, scores = choose_prior_strength(runs, base, jobs=jobs)
         else:
             strength = ProfileFit().prior_strength
@@ -73,7 +74,6 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     fit_s = time.monotonic() - started
     if not loo:
         return Refit(model, base, strength, scores, None, None, None)
-    workers = min(len(runs), jobs if jobs > 0 else os.cpu_count() or 1)
     progress(f"fitted to {len(runs)} runs in {fit_s:.0f} s; now each run left out in turn ({len(runs)} refits on "
              f"{workers} processes, each about as long as that fit): about {_minutes(fit_s * len(runs) / workers)}")
     held = leave_one_out(runs, base, estimator=model, full_fit=model, jobs=jobs,
