@@ -82,14 +82,14 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, jobs, as_json
     write the refined profile; print leave-one-out error per strategy family, and write the 90%
     prediction band those errors give beside the profile (PROFILE.band.json)."""
     from advisor.accuracy import format_report
-    from advisor.refit import refit
+    from advisor.refit import refit, to_stderr
     from models.band import band_path
     from models.profile import load_profile
 
     prior = _prior(prior_text)
     run_set = _run_set(run_paths, store_path)
     done = refit(run_set.runs, load_profile(profile), prior, loo=loo, data_note=_sources(run_paths, store_path),
-                 jobs=jobs or os.cpu_count() or 1, progress=_to_stderr)
+                 jobs=jobs or os.cpu_count() or 1, progress=to_stderr)
     model, base, report = done.model, done.base, done.report
     out = Path(out_path)
     _write_profile(model.profile_, out)
@@ -121,10 +121,6 @@ def fit(run_paths, store_path, profile, out_path, loo, prior_text, jobs, as_json
     if done.band:
         click.echo("")
         click.echo(_format_band(done.band, band_path(out)))
-
-
-def _to_stderr(message: str) -> None:
-    click.echo(message, err=True)
 
 
 def _format_band(band, path) -> str:
@@ -168,7 +164,7 @@ def report(run_paths, store_path, profile, loo, prior_text, plot_path, as_json):
     """Accuracy of a profile on measured runs: step time and GPU energy MAPE, worst error, rank
     correlation, memory, per strategy family, against the targets."""
     from advisor.accuracy import accuracy_report, compare_as_is, format_report
-    from advisor.refit import refit
+    from advisor.refit import refit, to_stderr
     from models.profile import load_profile
 
     if plot_path and not plot_path.lower().endswith(".png"):
@@ -177,7 +173,7 @@ def report(run_paths, store_path, profile, loo, prior_text, plot_path, as_json):
     run_set = _run_set(run_paths, store_path)
     prof = load_profile(profile)
     if loo:
-        done = refit(run_set.runs, prof, prior, jobs=os.cpu_count() or 1, progress=_to_stderr)
+        done = refit(run_set.runs, prof, prior, jobs=os.cpu_count() or 1, progress=to_stderr)
         result = accuracy_report(done.report.compared, f"leave-one-out, prior strength {done.prior_strength:g}",
                                  done.base.describe())
         note = ""

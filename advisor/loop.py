@@ -30,11 +30,11 @@ from typing import Callable
 import numpy as np
 
 from advisor.alternatives import alternatives
-from advisor.rounds import DEFAULT_ROUNDS, DEFAULT_TIE_MARGIN, Lead, contenders, geometric_mean, lead, round_order
+from advisor.rounds import DEFAULT_ROUNDS, DEFAULT_TIE_MARGIN, Lead, contenders, lead, round_order
 from advisor.search import SearchResult
 from calibration.harness.window import WindowSettings
 from models.band import Band
-from runs.record import RunRecord
+from runs.record import RunRecord, geometric_mean
 
 
 @dataclass(frozen=True)
@@ -403,11 +403,9 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     """Refit the profile on every run in the store and the shipped runs it was fitted to; write it (and
     its band) beside the old profile, under a new name, never over it."""
     import os
-    import sys
     from datetime import datetime, timezone
-    from pathlib import Path
 
-    from advisor.refit import refit
+    from advisor.refit import refit, to_stderr
     from models.band import band_path
     from models.fit import fitted_run_ids
     from models.profile import PROFILES_DIR, profile_path
@@ -423,9 +421,9 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     folder = old.parent if os.access(old.parent, os.W_OK) and old.parent != PROFILES_DIR else Path.cwd()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = folder / f"{old.stem}.refit-{stamp}.json"
-    print(f"refitting {profile_name} to {run_set.summary()}, each run left out once...", file=sys.stderr, flush=True)
+    to_stderr(f"refitting {profile_name} to {run_set.summary()}, each run left out once...")
     done = refit(run_set.runs, profile, data_note=f"store {store}", jobs=os.cpu_count() or 1,
-                 progress=lambda message: print(message, file=sys.stderr, flush=True))
+                 progress=to_stderr)
     out.write_text(done.model.profile_.to_json() + "\n")
     band_path(out).write_text(done.band.to_json() + "\n")
     loo = done.report.families[0]

@@ -4,6 +4,7 @@ refined profile that `advisor fit`, `advisor report --loo`, `recommend --validat
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -80,6 +81,11 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
                          on_fold=_fold_progress(len(runs), progress))
     report = accuracy_report(compare_held_out(held), "leave-one-out", base.describe())
     return Refit(model, base, strength, scores, held, report, band_of(held, model.profile_))
+
+
+def to_stderr(message: str) -> None:
+    """`refit`'s progress where a command shows it: stderr, so --json output stays one object."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def _minutes(seconds: float) -> str:

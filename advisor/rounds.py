@@ -21,10 +21,6 @@ DEFAULT_ROUNDS = 3
 SEPARATED_AT_STDERRS = 2.0
 
 
-def geometric_mean(values: list[float]) -> float | None:
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
-
-
 @dataclass(frozen=True)
 class Lead:
     """How much worse a candidate measured than the pick: the mean over the rounds both ran of the

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from advisor.accuracy import accuracy_report, compare_as_is, format_report  # noqa: E402
-from advisor.refit import refit  # noqa: E402
+from advisor.refit import refit, to_stderr  # noqa: E402
 from models.profile import load_profile  # noqa: E402
 from runs.measured import gather_records, to_run_set  # noqa: E402
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     profile = load_profile(args.profile)
     start = time.perf_counter()
     done = refit(run_set.runs, profile, data_note=", ".join(paths), jobs=os.cpu_count() or 1,
-                 progress=lambda message: print(message, file=sys.stderr, flush=True))
+                 progress=to_stderr)
     seconds = time.perf_counter() - start
     loo, strength, scores = done.report, done.prior_strength, done.cv_scores
     as_is = accuracy_report(compare_as_is(run_set.runs, profile), "as-is, in-sample where fitted to these runs",

@@ -8,7 +8,6 @@ validate` and the benchmarks see the same runs.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import statistics
 from collections import Counter
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from models.fit import MeasuredRun
 from runs.jsonl import RunFileError, read_records
-from runs.record import RunRecord, probed_issue_us, probes_bracket_window
+from runs.record import RunRecord, geometric_mean, probed_issue_us, probes_bracket_window
 from runs.store import RunStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -106,10 +105,6 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
                        host_issue_per_layer_s=issue_us * 1e-6 if issue_us else None)
 
 
-def _geometric_mean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def mean_of_repeats(records: list[RunRecord]) -> RunRecord:
     """One record for a candidate measured more than once (date order): the geometric mean of the
     step times and of the GPU energies, the rest the latest's. Repeats are the same step on other
@@ -122,9 +117,9 @@ def mean_of_repeats(records: list[RunRecord]) -> RunRecord:
         return latest
     energies = [r.result.gpu_energy_j for r in records if r.result.gpu_energy_j]
     issues = [probed_issue_us(r.result.host_probe, r.candidate.zero_stage) for r in records]
-    probe = {"issue_us_per_layer": _geometric_mean(issues)} if all(issues) else None
-    result = dataclasses.replace(latest.result, step_time_s=_geometric_mean([r.result.step_time_s for r in records]),
-                                 gpu_energy_j=_geometric_mean(energies), host_probe=probe)
+    probe = {"issue_us_per_layer": geometric_mean(issues)} if all(issues) else None
+    result = dataclasses.replace(latest.result, step_time_s=geometric_mean([r.result.step_time_s for r in records]),
+                                 gpu_energy_j=geometric_mean(energies), host_probe=probe)
     return dataclasses.replace(latest, result=result)
 
 

@@ -30,6 +30,12 @@ def relative_sem(step_times_s: list[float]) -> float:
     return statistics.stdev(step_times_s) / statistics.fmean(step_times_s) / math.sqrt(len(step_times_s))
 
 
+def geometric_mean(values: list[float]) -> float | None:
+    """The geometric mean of repeats of one measured figure (the same step run more than once); None
+    for none."""
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
+
+
 def _issue_probes(host_probe: dict | None, zero_stage: int | None) -> tuple[float | None, float | None]:
     """The run's valid issue probes (us a layer), before and after its measured window. Before: the
     probe right before the window where the harness took one (from 2026-12-02), else the one before
