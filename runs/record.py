@@ -83,6 +83,11 @@ class RunResult:
     measured_steps: int = 0
     window_s: float | None = None  # length of the measured window
     step_times_s: list[float] = field(default_factory=list)  # each measured step, rank 0
+    # Rank 0's host, each measured step (calibration.harness.host_noise): CPU time stolen by the
+    # hypervisor over all vCPUs (None: the host does not say), in Python's GC, on the main thread.
+    step_steal_cpu_s: list[float] | None = None
+    step_gc_s: list[float] | None = None
+    step_thread_cpu_s: list[float] | None = None
     gpu_energy_window_j: dict[str, float] | None = None  # per global rank, whole window
     gpu_power_avg_w: dict[str, float] | None = None  # per global rank, over the window
     cpu_process_core_s: float | None = None  # CPU seconds used by the ranks' process trees, per step

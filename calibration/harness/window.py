@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from calibration.harness.host_noise import HostNoise
 from runs.record import relative_sem
 
 GIB = 2**30
@@ -76,6 +77,7 @@ class MeasuredWindow:
         self.monitor, self.sync, self.agree, self.cpu_seconds = monitor, sync, agree, cpu_seconds
         self.warmup_done = 0
         self.step_times_s: list[float] = []
+        self.host_noise = HostNoise()
         self.target = settings.steps
         self.measurement = None
         self.window_s = self.cpu_s = None
@@ -98,6 +100,7 @@ class MeasuredWindow:
                 self._begin(took)
             return False
         self.step_times_s.append(took)
+        self.host_noise.lap()
         if len(self.step_times_s) < self.target:
             return False
         s, n = self.settings, len(self.step_times_s)
@@ -125,9 +128,11 @@ class MeasuredWindow:
             self.target = max(s.steps, min(s.max_steps, math.ceil(s.min_window_s / slowest)))
         self._cpu_before = self.cpu_seconds()
         self.monitor.begin_window("measured")
+        self.host_noise.start()
         self._start = self._last = time.perf_counter()
 
     def _end(self, now: float) -> None:
+        self.host_noise.close()
         self.measurement = self.monitor.end_window("measured")
         self.window_s = now - self._start
         self.cpu_s = self.cpu_seconds() - self._cpu_before
@@ -173,6 +178,7 @@ class MeasuredWindow:
             "measured_steps": steps,
             "window_s": self.window_s,
             "step_times_s": list(self.step_times_s),
+            **self.host_noise.result_fields(),
             "gpu_energy_window_j": {str(r["rank"]): sum(r["gpu_energy_j"].values()) for r in everyone} if gpu else None,
             "gpu_power_avg_w": power,
             "cpu_process_core_s": sum(r["cpu_s"] for r in everyone) / steps,

@@ -23,6 +23,10 @@ def check_measured(result: RunResult, steps: int, world: int):
     assert result.gpu_energy_j is None and result.peak_gpu_mem_gib is None  # no GPU here: not measured, not 0
     assert result.peak_host_mem_gib > result.host_mem_baseline_gib > 0.05
     assert result.cpu_process_core_s > 0
+    # The host's readings, one a measured step (steal is on Linux hosts only: None elsewhere, never 0s)
+    assert len(result.step_gc_s) == len(result.step_thread_cpu_s) == steps
+    assert sum(result.step_thread_cpu_s) > 0
+    assert result.step_steal_cpu_s is None or len(result.step_steal_cpu_s) == steps
     assert math.isfinite(result.loss_first) and math.isfinite(result.loss_last)
     assert any("torch_adam" in a for a in result.config_adjustments) or result.config_adjustments == []
     assert result.wall_s > result.timeline_s["measured"] - result.timeline_s["main"]
