@@ -13,10 +13,11 @@ Model states that live through the whole step (`model_states`, P trainable param
   ZeRO-1 and ZeRO-2 allocate the same on the GPU in 0.19 (both keep only the partition's gradients).
 - ZeRO-3: bf16 parameter partition (2P/n), a bf16 gradient partition buffer (2P/n,
   `grad_partitions_flat_buffer`) and the fp32 states (12P/n), all persistent.
-- Optimizer offload moves the fp32 states (and ZeRO-3's gradient partition buffer) to pinned
-  host memory; ZeRO-3's partial `ratio` offloads whole sub-groups (i >= int((1 - ratio) * n_sub)),
-  and a GPU sub-group then also keeps its fp32 gradient. Parameter offload keeps ZeRO-3's bf16
-  partition on the host. A frozen vision encoder is bf16 parameters only.
+- Optimizer offload moves the fp32 states (and ZeRO-3's gradient partition buffer) to host
+  memory, much of it pinned and so rounded up to a power of two (`models.host_memory`); ZeRO-3's
+  partial `ratio` offloads whole sub-groups (i >= int((1 - ratio) * n_sub)), and a GPU sub-group
+  then also keeps its fp32 gradient. Parameter offload keeps ZeRO-3's bf16 partition on the host.
+  A frozen vision encoder is bf16 parameters only.
 Buffers: ZeRO-1/2 allocate two (one without overlap_comm) bf16 gradient buckets of
 `reduce_bucket_size` elements at the first gradient hook of every backward and free them at its
 end; ZeRO-3 keeps one such bucket from initialisation on, and a second under Ulysses (sp > 1:
@@ -59,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.flops import BF16, MicroStepWork
+from models.host_memory import offloaded_host_bytes
 from models.layout import SUB_GROUP_SIZE, Layout
 from models.params import ParamCounts
 from models.profile import HardwareProfile
@@ -146,15 +148,7 @@ def model_states(counts: ParamCounts, lay: Layout, grad_accum=1, super_offload=F
     z3_step = np.maximum((BF16 + FP32) * np.minimum(p_rank, SUB_GROUP_SIZE), FP64 * np.minimum(largest / n, p_rank))
     step = np.select([stage == 0, opt_off, stage <= 2], [2 * FP32 * p, 0.0, z12_step], z3_step)
 
-    host = (OPTIMIZER_BYTES_PER_PARAM + FP32_GRAD_BYTES_PER_PARAM) * r * p_rank
-    host = host + np.where(z3 & opt_off, BF16 * p_rank, 0.0)  # pinned bf16 grad partition buffer
-    accum = (np.asarray(grad_accum) > 1) & opt_off & (stage <= 2)  # accumulated_grads_in_cpu (bf16)
-    host = host + np.where(accum, BF16 * p_rank, 0.0)
-    host = host + np.where(par_off, params16, 0.0)
-    # SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer
-    # sized for the largest sub-group (superoffload_utils.py, max_grad_numel).
-    sup = np.asarray(super_offload, dtype=bool) & opt_off & z3
-    host = host + np.where(sup, FP32_GRAD_BYTES_PER_PARAM * np.minimum(r * p_rank, SUB_GROUP_SIZE), 0.0)
+    host = offloaded_host_bytes(counts, lay, grad_accum, super_offload)
     return ModelStates(gpu_bytes=gpu, grad_gpu_bytes=grads, step_gpu_bytes=step, host_bytes_per_rank=host)
 
 

@@ -56,6 +56,7 @@ class ParamCounts:
     modules_vision: int  # modules with parameters in the encoder and projector (0 when it gets no input)
     vision_active: bool  # the workload feeds the vision tower images or frames
     trainable_tensors: int  # parameter tensors with gradients (a step outside ZeRO-3 visits each)
+    decoder_tensors: tuple[int, ...] = ()  # elements of each of the decoder's parameter tensors
 
     @property
     def trainable(self) -> int:
@@ -82,6 +83,15 @@ class ParamCounts:
         if not self.vision_active:
             return self.llm
         return self.llm + self.projector + (self.vision_encoder if self.train_vision else 0)
+
+
+def decoder_tensors(arch: Architecture) -> tuple[int, ...]:
+    """Elements of each decoder parameter tensor, in the harness's (and Hugging Face's) layout: per
+    layer q, k, v, o, gate, up, down and two norms; the embedding, the final norm, an untied LM head."""
+    h, f, kv = arch.hidden_size, arch.intermediate_size, arch.kv_dim
+    layer = (h * h, h * kv, h * kv, h * h, h * f, h * f, f * h, h, h)
+    head = () if arch.tie_embeddings else (arch.vocab_size * h,)
+    return (arch.vocab_size * h,) + layer * arch.num_layers + (h,) + head
 
 
 def count_params(workload: Workload) -> ParamCounts:
@@ -121,4 +131,5 @@ def count_params(workload: Workload) -> ParamCounts:
         modules_vision=vis_modules,
         vision_active=bool(v is not None and workload.vision_groups),
         trainable_tensors=tensors,
+        decoder_tensors=decoder_tensors(arch),
     )

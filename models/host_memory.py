@@ -1,0 +1,67 @@
+"""Host memory of the model states a rank offloads to the CPU, as DeepSpeed 0.19 allocates them.
+
+Pinned buffers come from torch's CachingHostAllocator, which rounds every request up to the next
+power of two (ATen/core/CachingHostAllocator.h, `PowerOf2Ceil`; the default threshold rounds all
+sizes). Pinned pages stay resident, so a 5.75 GiB fp32 partition holds 8 GiB of host memory. Counting
+bytes without the rounding (and without ZeRO-1/2's pinned bf16 buffers) under-predicted the peak
+resident memory of all 48 ZeRO-1/2 offload runs measured on one, two and four H200s by 16-40%
+(`benchmarks/host_memory_accuracy.py`).
+
+- ZeRO-1/2 (`stage_1_and_2.py`, `pin_memory` on) pins the fp32 master partition, its fp32
+  gradient, a bf16 copy of the partition (`param_buffer_of_bit16_for_cpu_offload_groups`) and a bf16
+  buffer of the largest parameter (`temp_grad_buffer_for_cpu_offload`). With gradient accumulation it
+  pins one bf16 buffer per parameter (`accumulated_grads_in_cpu`). Adam's two moments are plain CPU
+  tensors (`cpu_adam.py`, `zeros_like`).
+- ZeRO-3 (`stage3.py`) keeps the fp32 master plain, pins each sub-group's fp32 gradient and the bf16
+  gradient partitions (`grad_partitions_flat_buffer`), and with parameter offload the bf16 parameter
+  partition (`param_groups_fp16_flat_cpu_memory`). The runs held up to 11% more than this at
+  their peak, not yet understood.
+- SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer sized for
+  the largest sub-group (`superoffload_utils.py`, `max_grad_numel`). Its runs held 24-38% more than
+  this model counts, not yet understood.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from models.flops import BF16
+from models.layout import SUB_GROUP_SIZE, Layout
+from models.params import ParamCounts
+
+FP32 = 4
+ADAM_MOMENTS_BYTES_PER_PARAM = 2 * FP32
+
+
+def pinned_bytes(requested) -> np.ndarray:
+    """Host bytes torch's pinned-memory allocator holds for a request: the next power of two."""
+    requested = np.asarray(requested, dtype=float)
+    safe = np.maximum(requested, 1.0)
+    return np.where(requested > 0, np.exp2(np.ceil(np.log2(safe))), 0.0)
+
+
+def offloaded_host_bytes(counts: ParamCounts, lay: Layout, grad_accum, super_offload) -> np.ndarray:
+    """Host bytes per rank of the offloaded optimizer states, gradients and parameters (module docstring)."""
+    p_rank = lay.trainable_per_rank
+    offloaded = lay.offload_fraction * p_rank
+    z12 = lay.optimizer_offload & ~lay.z3
+    z3 = lay.optimizer_offload & lay.z3
+    moments = ADAM_MOMENTS_BYTES_PER_PARAM * offloaded
+
+    accumulating = np.asarray(grad_accum) > 1
+    frozen_or_vision = float(counts.trainable - sum(counts.decoder_tensors))
+    # One buffer per parameter whose gradient this rank accumulates: about 1/n of them.
+    per_tensor = (sum(float(pinned_bytes(BF16 * numel)) for numel in counts.decoder_tensors)
+                  + BF16 * frozen_or_vision) / lay.gpus
+    z12_bytes = (2 * pinned_bytes(FP32 * offloaded) + moments + pinned_bytes(BF16 * offloaded)
+                 + pinned_bytes(BF16 * float(counts.largest_module)) + np.where(accumulating, per_tensor, 0.0))
+
+    full_groups = np.floor(offloaded / SUB_GROUP_SIZE)
+    last_group = offloaded - full_groups * SUB_GROUP_SIZE
+    fp32_grads = full_groups * pinned_bytes(FP32 * SUB_GROUP_SIZE) + pinned_bytes(FP32 * last_group)
+    z3_bytes = FP32 * offloaded + fp32_grads + moments + pinned_bytes(BF16 * p_rank)
+    super_worker = np.where(np.asarray(super_offload, dtype=bool),
+                            FP32 * np.minimum(offloaded, SUB_GROUP_SIZE), 0.0)
+    z3_bytes = z3_bytes + super_worker
+
+    params = np.where(lay.param_offload, pinned_bytes(BF16 * (counts.trainable + counts.frozen) / lay.gpus), 0.0)
+    return np.where(z12, z12_bytes, 0.0) + np.where(z3, z3_bytes, 0.0) + params
