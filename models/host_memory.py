@@ -9,8 +9,10 @@ resident memory of all 48 ZeRO-1/2 offload runs measured on one, two and four H2
 
 - ZeRO-1/2 (`stage_1_and_2.py`, `pin_memory` on) pins the fp32 master partition, its fp32
   gradient, a bf16 copy of the partition (`param_buffer_of_bit16_for_cpu_offload_groups`) and a bf16
-  buffer of the largest parameter (`temp_grad_buffer_for_cpu_offload`). With gradient accumulation it
-  pins one bf16 buffer per parameter (`accumulated_grads_in_cpu`). Adam's two moments are plain CPU
+  buffer of the largest parameter (`temp_grad_buffer_for_cpu_offload`). With gradient accumulation
+  ZeRO-2 pins one bf16 buffer per parameter (`accumulated_grads_in_cpu`); ZeRO-1 carries the
+  gradients on the GPU to the boundary (a held-out ZeRO-1 run at two micro-steps held 1.5 GiB less
+  than those buffers). Adam's two moments are plain CPU
   tensors (`cpu_adam.py`, `zeros_like`).
 - ZeRO-3 (`stage3.py`) keeps the fp32 master plain, pins each sub-group's fp32 gradient and the bf16
   gradient partitions (`grad_partitions_flat_buffer`), and with parameter offload the bf16 parameter
@@ -47,7 +49,7 @@ def offloaded_host_bytes(counts: ParamCounts, lay: Layout, grad_accum, super_off
     z3 = lay.optimizer_offload & lay.z3
     moments = ADAM_MOMENTS_BYTES_PER_PARAM * offloaded
 
-    accumulating = np.asarray(grad_accum) > 1
+    accumulating = (np.asarray(grad_accum) > 1) & (lay.zero_stage == 2)  # ZeRO-1 accumulates on the GPU
     frozen_or_vision = float(counts.trainable - sum(counts.decoder_tensors))
     # One buffer per parameter whose gradient this rank accumulates: about 1/n of them.
     per_tensor = (sum(float(pinned_bytes(BF16 * numel)) for numel in counts.decoder_tensors)

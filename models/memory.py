@@ -231,7 +231,11 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     base = states.gpu_bytes + buffers
     gathered = np.where(z3 & ((n > 1) | par_off), BF16 * np.minimum(MAX_LIVE_PARAMETERS, counts.forward_params), 0.0)
     base = base + gathered
-    accumulated = np.where(b.grad_accum > 1, states.grad_gpu_bytes, 0.0)  # earlier micro-steps' gradients
+    # Earlier micro-steps' gradients, carried to the boundary: ZeRO-0 and ZeRO-1 keep every
+    # parameter's bf16 gradient (param.grad; ZeRO-1 reduces only at the boundary, with or without
+    # offload), ZeRO-2 reduces each micro-step into its partition (on the host when offloaded).
+    carried = np.select([stage <= 1, (stage == 2) & ~opt_off], [BF16 * p, BF16 * p_rank], 0.0)
+    accumulated = np.where(b.grad_accum > 1, carried, 0.0)
     buckets = np.where(z12, BF16 * rbs * np.where(b.overlap_comm, 2.0, 1.0), 0.0)
 
     # Activations
