@@ -15,8 +15,9 @@ Each is predicted first and stored as it finishes (`advisor.validate`, `runs.sto
 the same command runs only what is not stored. The measured least-energy strategy (or fastest, or
 least energy-delay product) within the slowdown limit of the fastest measured becomes the pick.
 Those a first round cannot rank (within the tie margin of the pick: `advisor.rounds`) run again in
-later rounds, interleaved; each candidate's figure is then the geometric mean of its rounds, and the
-pick's lead over each comes with its standard error.
+later rounds, interleaved; the pick then compares each candidate over its rounds with the rounds'
+drift taken out (`advisor.rounds.round_adjusted`: the geometric mean of its rounds when every
+candidate ran every round), and the pick's lead over each comes with its standard error.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from advisor.alternatives import alternatives
-from advisor.rounds import DEFAULT_ROUNDS, DEFAULT_TIE_MARGIN, Lead, contenders, lead, round_order
+from advisor.rounds import DEFAULT_ROUNDS, DEFAULT_TIE_MARGIN, Lead, contenders, lead, round_adjusted, round_order
 from advisor.search import SearchResult
 from calibration.harness.window import WindowSettings
 from models.band import Band
@@ -159,22 +160,21 @@ class Verdict:
     leads: dict[int, Lead] = field(default_factory=dict)  # Measured index -> how far behind the pick, per round
 
 
-def _per_token_scores(measured: list[Measured], by: str, rounds: bool) -> dict:
-    """Each measured candidate's figure per token (`rounds`: a list, one per round it ran)."""
+def _per_round_scores(measured: list[Measured], by: str) -> dict[int, list[float | None]]:
+    """Each measured candidate's figure per token, one a round it ran (None where it did not)."""
     def scored(t, e, tokens):
         if t is None or (by != "time" and e is None):
             return None
         return {"time": t / tokens, "energy": (e or 0.0) / tokens, "edp": t * (e or 0.0) / tokens**2}[by]
 
-    out = {}
-    for i, m in enumerate(measured):
-        if m.ok:
-            tokens = m.tokens_per_step
-            if rounds:
-                out[i] = [scored(t, e, tokens) for t, e in zip(m.round_time_s(), m.round_energy_j())]
-            else:
-                out[i] = scored(m.time_s, m.energy_j, tokens)
-    return out
+    return {i: [scored(t, e, m.tokens_per_step) for t, e in zip(m.round_time_s(), m.round_energy_j())]
+            for i, m in enumerate(measured) if m.ok}
+
+
+def _scores(measured: list[Measured], by: str) -> dict[int, float]:
+    """Each measured candidate's figure per token over its rounds, the rounds' drift taken out
+    (`advisor.rounds.round_adjusted`): what the pick compares."""
+    return round_adjusted(_per_round_scores(measured, by))
 
 
 def measured_pick(measured: list[Measured], objective: str, max_slowdown: float) -> Verdict:
@@ -187,13 +187,13 @@ def measured_pick(measured: list[Measured], objective: str, max_slowdown: float)
     by, note = objective, ""
     if objective in ("energy", "edp") and any(measured[i].energy_j is None for i in ok):
         by, note = "time", "GPU energy was not measured (no NVML here): picked by time"
-    times = _per_token_scores(measured, "time", rounds=False)
-    score = _per_token_scores(measured, by, rounds=False)
+    times = _scores(measured, "time")
+    score = _scores(measured, by)
     fastest = min(times.values())
     allowed = [i for i in ok if times[i] <= fastest * (1 + max_slowdown) * (1 + 1e-12)]
     best = min(allowed, key=score.get)
     regret = {i: score[i] / score[best] - 1.0 for i in ok}
-    per_round = _per_token_scores(measured, by, rounds=True)
+    per_round = _per_round_scores(measured, by)
     leads = {i: lead(per_round[best], per_round[i]) for i in ok if i != best}
     return Verdict(best, by, regret, note, {i: x for i, x in leads.items() if x is not None})
 
@@ -202,8 +202,7 @@ def to_contend(measured: list[Measured], verdict: Verdict, max_slowdown: float, 
     """The measured candidates a first round cannot rank against the pick (`advisor.rounds.contenders`)."""
     if verdict.measured_pick is None:
         return []
-    return contenders(_per_token_scores(measured, verdict.by, rounds=False),
-                      _per_token_scores(measured, "time", rounds=False), verdict.measured_pick, max_slowdown,
+    return contenders(_scores(measured, verdict.by), _scores(measured, "time"), verdict.measured_pick, max_slowdown,
                       tie_margin)
 
 

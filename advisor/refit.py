@@ -76,7 +76,8 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     if not loo:
         return Refit(model, base, strength, scores, None, None, None)
     progress(f"fitted to {len(runs)} runs in {fit_s:.0f} s; now each run left out in turn ({len(runs)} refits on "
-             f"{workers} processes, each about as long as that fit): about {_minutes(fit_s * len(runs) / workers)}")
+             f"{workers} processes, each starting from this fit's values and no longer than it): at most "
+             f"{_minutes(fit_s * len(runs) / workers)}, the tenths below tell")
     held = leave_one_out(runs, base, estimator=model, full_fit=model, jobs=jobs,
                          on_fold=_fold_progress(len(runs), progress))
     report = accuracy_report(compare_held_out(held), "leave-one-out", base.describe())

@@ -14,6 +14,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+
 # Candidates whose first measured figure is within this of the pick's are measured again by default.
 DEFAULT_TIE_MARGIN = 0.10
 DEFAULT_ROUNDS = 3
@@ -50,6 +52,30 @@ def lead(pick_rounds: list[float | None], other_rounds: list[float | None]) -> L
         return None
     stderr = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else None
     return Lead(len(logs), statistics.fmean(logs), stderr)
+
+
+def round_adjusted(per_round: dict[int, list[float | None]]) -> dict[int, float]:
+    """Each candidate's figure over all its rounds, as if every candidate had run every round.
+
+    A round that the budget cut short leaves some candidates without it; the plain geometric mean of
+    each one's own rounds would then compare, say, a candidate's slow-host third round with another's
+    two earlier ones. So the log figures are fitted as a candidate effect plus a round effect (least
+    squares over the runs made; every candidate ran round 1, which anchors the rounds), and each
+    candidate's figure is its effect, in round 1's terms. With every round complete this is the
+    geometric mean of the candidate's rounds, scaled by one factor common to all. A candidate with
+    no figure at all is left out."""
+    per_round = {key: values for key, values in per_round.items() if any(values)}
+    keys = list(per_round)
+    rounds = max((len(v) for v in per_round.values()), default=0)
+    cells = [(k, r, math.log(x)) for k, values in enumerate(per_round.values())
+             for r, x in enumerate(values) if x]
+    design = np.zeros((len(cells), len(keys) + max(rounds - 1, 0)))
+    for row, (k, r, _) in enumerate(cells):
+        design[row, k] = 1.0
+        if r > 0:
+            design[row, len(keys) + r - 1] = 1.0
+    effects = np.linalg.lstsq(design, np.array([y for _, _, y in cells]), rcond=None)[0]
+    return {key: math.exp(effects[k]) for k, key in enumerate(keys)}
 
 
 def contenders(score: dict[int, float], time: dict[int, float], pick: int, max_slowdown: float,

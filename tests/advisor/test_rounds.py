@@ -12,8 +12,8 @@ from advisor_process import advisor, rerun_runs_nothing
 
 from advisor.loop import Chosen, LoopOutcome, Measured, measured_pick, round_path, to_contend
 from advisor.render import rounds_line, show_loop
-from advisor.rounds import contenders, lead, round_order
-from runs.record import Candidate, RunRecord, RunResult
+from advisor.rounds import contenders, lead, round_adjusted, round_order
+from runs.record import Candidate, RunRecord, RunResult, geometric_mean
 
 
 def run(label: str, time_s: float | None, gpu_j: float | None = None, status: str = "ok") -> RunRecord:
@@ -167,3 +167,32 @@ def test_the_shipped_loops_with_rounds_read_as_the_readme_says():
     assert small["z0 ckpt/2 sp1 mb4 ga1 1gpu 16thr"]["separated"] is True
     assert small["z0 ckpt/2 sp1 mb4 ga1 1gpu 16thr"]["regret"] == pytest.approx(0.144, abs=0.001)
     assert "loop-7b-8k-1gpu" not in found  # measured before rounds
+
+
+def test_a_round_the_budget_cut_does_not_favour_the_candidate_that_missed_it():
+    """Round 3 ran on a host 30% slower, and the budget ended before B's run of it. On the geometric
+    means of their own rounds B would win (1.05 against 1.09); with the rounds' drift taken out A
+    is 5% ahead, as it was in every round both ran."""
+    per_round = {"A": [1.0, 1.0, 1.3], "B": [1.05, 1.05, None], "C": [2.0]}
+    adjusted = round_adjusted(per_round)
+    assert geometric_mean([1.0, 1.0, 1.3]) > geometric_mean([1.05, 1.05])
+    assert adjusted["B"] / adjusted["A"] == pytest.approx(1.05)
+    assert adjusted["C"] == pytest.approx(2.0)  # measured once, in round 1: its figure stands
+
+
+def test_with_every_round_complete_the_adjusted_figures_rank_as_the_geometric_means():
+    per_round = {"A": [1.0, 1.1, 1.2], "B": [1.05, 1.2, 1.3], "C": [0.9, 1.3, 1.0]}
+    adjusted = round_adjusted(per_round)
+    means = {k: geometric_mean(v) for k, v in per_round.items()}
+    assert {k: adjusted[k] / adjusted["A"] for k in per_round} == pytest.approx({k: means[k] / means["A"] for k in per_round})
+    assert "D" not in round_adjusted({**per_round, "D": [None, None]})  # nothing measured: no figure
+
+
+def test_the_pick_is_not_won_by_missing_a_slow_round():
+    """The loop's own pick, with B's third run cut by the budget (None, kept in place)."""
+    a = rounds_of("a", [1.0, 1.0, 1.0], [990.0, 990.0, 1290.0])
+    b_first, b_second = run("b", 1.0, 1040.0), run("b", 1.0, 1040.0)
+    b = Measured(Chosen(0, "b"), b_first, (b_second, None))
+    assert b.energy_j < a.energy_j  # on its own rounds' geometric mean B looks better
+    v = measured_pick([a, b], "energy", 0.1)
+    assert v.measured_pick == 0 and v.regret[1] == pytest.approx(1050 / 1000 - 1)
