@@ -9,6 +9,8 @@ import pytest
 from cost_model_helpers import profile_with, random_batch
 
 from models.architecture import load_architecture
+from models.host_memory import pinned_bytes
+from models.layout import SUB_GROUP_SIZE
 from models.predict import BatchPrediction, Prediction, predict, predict_batch, static_mask
 from models.strategy import Strategy, StrategyBatch, static_reasons
 from models.timing import PHASES
@@ -70,10 +72,14 @@ def test_host_memory_and_node_size_reasons():
     pred = predict(W7_32K, s, small_host)
     assert not pred.feasible
     assert pred.reasons == [f"needs {pred.peak_host_mem_gib:.1f} GiB of host memory per node, has 64.0"]
-    # offloaded states (16 bytes a parameter) and the bf16 gradient buffer, plus each of the 4 processes' own
-    # host memory (memory.host_process_per_rank)
+    # per rank: the fp32 master and Adam's moments (12 bytes a parameter), the fp32 gradients of its
+    # sub-groups and the bf16 gradient buffer pinned (each rounded up to a power of two:
+    # models.host_memory), plus each of the 4 processes' own host memory (memory.host_process_per_rank)
+    per_rank = 6_738_415_616 / 4
+    grads = pinned_bytes(4 * SUB_GROUP_SIZE) + pinned_bytes(4 * (per_rank - SUB_GROUP_SIZE))
+    rank_bytes = 12 * per_rank + float(grads) + float(pinned_bytes(2 * per_rank))
     process_gib = small_host.memory.host_process_per_rank.value
-    assert pred.peak_host_mem_gib == pytest.approx(18 * 6_738_415_616 / 2**30 + 4 * process_gib)
+    assert pred.peak_host_mem_gib == pytest.approx(4 * rank_bytes / 2**30 + 4 * process_gib)
     wide = predict(W7_32K, Strategy(gpus=8, gpus_per_node=8, zero_stage=3, checkpoint_every=1), small_host)
     assert "8 GPUs per node asked, profile 'gh200' nodes have 4" in wide.reasons
 
