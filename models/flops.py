@@ -39,7 +39,7 @@ from models.workload import Workload
 if TYPE_CHECKING:
     from models.profile import LayerElementwise, VisionElementwise
 
-BF16 = 2  # bytes per element
+BF16, FP32, FP64 = 2, 4, 8  # bytes per element
 
 
 # Causal attention's backward counted as this many times its forward (model FLOPs: dQ, dK, dV;

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.flops import BF16
+from models.flops import BF16, FP32
 from models.layout import SUB_GROUP_SIZE, Layout
 from models.params import ParamCounts
 
-FP32 = 4
 ADAM_MOMENTS_BYTES_PER_PARAM = 2 * FP32
 
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.flops import BF16, MicroStepWork
+from models.flops import BF16, FP32, FP64, MicroStepWork
 from models.host_memory import offloaded_host_bytes
 from models.layout import SUB_GROUP_SIZE, Layout
 from models.params import ParamCounts
@@ -68,7 +68,6 @@ from models.strategy import StrategyBatch
 from models.workload import Workload
 
 GIB = 2**30
-FP32, FP64 = 4, 8  # bytes per element
 MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters default (elements)
 NORM_CHUNK_ELEMENTS = 250_000_000  # ZeRO-3's _constant_buffered_norm2 casts to fp64 in chunks this long
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master + Adam momentum + variance
