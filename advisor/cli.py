@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import signal
 
 import click
 
@@ -313,5 +314,17 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     ))
 
 
-if __name__ == "__main__":
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run():
+    """The `advisor` command. A stop from `kill` or a scheduler (SIGTERM) ends it as Ctrl-C does:
+    joblib then stops a refit's worker processes, which a plain SIGTERM left running (two of them
+    still busy after the command had gone, 2026-12-02)."""
+    signal.signal(signal.SIGTERM, _interrupt)
     main()
+
+
+if __name__ == "__main__":
+    run()

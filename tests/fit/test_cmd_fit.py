@@ -131,3 +131,38 @@ def test_report_rejects_a_plot_that_is_not_png(files):
 def test_commands_are_listed():
     result = run("--help")
     assert "fit" in result.output and "report" in result.output
+
+
+@pytest.mark.slow
+def test_a_stopped_refit_takes_its_worker_processes_with_it(tmp_path):
+    """SIGTERM (kill, a scheduler's stop) ends `advisor fit` as Ctrl-C does, and its joblib workers go
+    with it: before, they ran on after the command had gone (two of them, 2026-12-02)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "advisor.cli", "fit", "--runs", str(repo / "data/runs/h200-x1-2026-12-01.jsonl"),
+         "--profile", "h200", "--out", str(tmp_path / "fitted.json"), "--prior-strength", "0.001", "--jobs", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=repo)
+    try:
+        for line in proc.stderr:
+            if line.startswith("fitted to"):
+                break
+        deadline, workers = time.monotonic() + 60, []
+        while time.monotonic() < deadline and len(workers) < 2:  # the refits' processes start
+            workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "loky" in " ".join(p.cmdline())]
+            time.sleep(0.2)
+        assert workers, "the refits never started"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
