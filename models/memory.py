@@ -52,6 +52,9 @@ The moments (`estimate`), each a sum of what is alive together:
   fp32 copy; ZeRO-3: the same for one sub-group; the fp64 copy of the largest gradient that the
   norm is computed on).
 Activations assume fused (flash / SDPA) attention, so there is no s^2 term. Host memory is per node.
+With CPU checkpointing, DeepSpeed's activation offload engine keeps the newest checkpoint on the
+GPU and moves each older one to a pinned host buffer of its own (rounded up to a power of two,
+`models.host_memory.pinned_bytes`).
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.flops import BF16, FP32, FP64, MicroStepWork
-from models.host_memory import offloaded_host_bytes
+from models.host_memory import offloaded_host_bytes, pinned_bytes
 from models.layout import SUB_GROUP_SIZE, Layout
 from models.params import ParamCounts
 from models.profile import HardwareProfile
@@ -204,7 +207,7 @@ def _vision_saved(workload: Workload, work: MicroStepWork, cpu_ck) -> tuple[np.n
         patch_in = 3 * v.patch_size**2 * v.temporal_patch
         kept = kept + tv * (v.num_layers - nv) * _vit_bytes_per_token(workload) + np.where(cpu_ck, 0.0, vck)
         kept = kept + tv * BF16 * (patch_in + v.hidden_size)
-        host = np.where(cpu_ck, vck, 0.0)
+        host = np.where(cpu_ck, nv * pinned_bytes(tv * BF16 * v.hidden_size), 0.0)
     return kept, host
 
 
@@ -241,7 +244,10 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     t = work.tokens_per_gpu
     full, ckpt = activation_bytes_per_token(workload, b.sp)
     n_ck = work.checkpointed_layers
-    layer_stack = t * (layers - n_ck) * full + np.where(cpu_ck, 0.0, t * n_ck * ckpt)
+    # CPU checkpointing (DeepSpeed's activation offload engine) keeps the newest checkpoint on the GPU
+    # (keep_last_count=1) and moves each older one to a pinned host buffer of its own.
+    on_host = np.where(cpu_ck, np.maximum(n_ck - 1, 0), 0)
+    layer_stack = t * (layers - n_ck) * full + t * (n_ck - on_host) * ckpt
     vision, vision_host = _vision_saved(workload, work, cpu_ck)
     kept = layer_stack + vision
     final_norm = t * final_norm_bytes_per_token(workload)
@@ -316,7 +322,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     frag_ckpt = (mem.fragmentation_checkpointed or mem.fragmentation).value
     reserved = allocated * (1.0 + np.where(n_ck > 0, frag_ckpt, mem.fragmentation.value))
     peak = reserved + mem.framework_reserved.value * GIB
-    ckpt_host = np.where(cpu_ck, t * n_ck * ckpt, 0.0) + vision_host
+    ckpt_host = on_host * pinned_bytes(t * ckpt) + vision_host
     host_rank = states.host_bytes_per_rank + ckpt_host + profile.memory.host_process_per_rank.value * GIB
     return MemoryEstimate(
         model_states_gpu_bytes=states.gpu_bytes, buffers_gpu_bytes=buffers,
