@@ -16,8 +16,14 @@ resident memory of all 48 ZeRO-1/2 offload runs measured on one, two and four H2
   tensors (`cpu_adam.py`, `zeros_like`).
 - ZeRO-3 (`stage3.py`) keeps the fp32 master plain, pins each sub-group's fp32 gradient and the bf16
   gradient partitions (`grad_partitions_flat_buffer`), and with parameter offload the bf16 parameter
-  partition (`param_groups_fp16_flat_cpu_memory`). The runs held up to 11% more than this at
-  their peak, not yet understood.
+  partition (`param_groups_fp16_flat_cpu_memory`), into which it copies the pinned partition that
+  `zero.Init` made for each parameter: those blocks, freed, stay in torch's pinned-memory cache. After
+  each sub-group's step, copying its fp32
+  partition into the bf16 one on the GPU converts on the host first (ATen's `copy_` converts on the
+  source when the devices and dtypes both differ): a bf16 copy of one sub-group, which was the
+  1.8 GiB a rank (0.9 for qwen2.5-0.5b, whose one sub-group is half as large) that every ZeRO-3
+  offload run held beyond the count, whatever the model's size. (With parameter offload the target is
+  on the host, and no copy is made.)
 - SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer sized for
   the largest sub-group (`superoffload_utils.py`, `max_grad_numel`). Its runs held 24-38% more than
   this model counts. Part of that may be the measurement: the worker is a spawned process that shares
@@ -62,10 +68,22 @@ def offloaded_host_bytes(counts: ParamCounts, lay: Layout, grad_accum, super_off
     full_groups = np.floor(offloaded / SUB_GROUP_SIZE)
     last_group = offloaded - full_groups * SUB_GROUP_SIZE
     fp32_grads = full_groups * pinned_bytes(FP32 * SUB_GROUP_SIZE) + pinned_bytes(FP32 * last_group)
-    z3_bytes = FP32 * offloaded + fp32_grads + moments + pinned_bytes(BF16 * p_rank)
+    # After each sub-group's CPU step its fp32 partition is copied into the bf16 one on the GPU; a copy
+    # across devices that also changes dtype converts on the source first (ATen's copy_), so the host
+    # holds a bf16 copy of one sub-group meanwhile. With parameter offload the target is on the host.
+    to_gpu_cast = np.where(lay.param_offload, 0.0, BF16 * np.minimum(offloaded, SUB_GROUP_SIZE))
+    z3_bytes = FP32 * offloaded + fp32_grads + moments + pinned_bytes(BF16 * p_rank) + to_gpu_cast
     super_worker = np.where(np.asarray(super_offload, dtype=bool),
                             FP32 * np.minimum(offloaded, SUB_GROUP_SIZE), 0.0)
     z3_bytes = z3_bytes + super_worker
 
-    params = np.where(lay.param_offload, pinned_bytes(BF16 * (counts.trainable + counts.frozen) / lay.gpus), 0.0)
+    # Parameter offload: zero.Init pins each parameter's partition on its own (partition_parameters.py),
+    # then stage3.py copies them all into one pinned flat buffer; the freed blocks stay in torch's
+    # pinned-memory cache, resident.
+    numels = np.asarray(counts.decoder_tensors, dtype=float)
+    per_gpus = {n: float(pinned_bytes(BF16 * numels / n).sum()) for n in np.unique(lay.gpus).tolist()}
+    each_partition = (np.vectorize(per_gpus.get, otypes=[float])(lay.gpus)
+                      + BF16 * (frozen_or_vision + counts.frozen) / lay.gpus)
+    flat = pinned_bytes(BF16 * (counts.trainable + counts.frozen) / lay.gpus)
+    params = np.where(lay.param_offload, flat + each_partition, 0.0)
     return np.where(z12, z12_bytes, 0.0) + np.where(z3, z3_bytes, 0.0) + params

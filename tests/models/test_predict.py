@@ -74,10 +74,12 @@ def test_host_memory_and_node_size_reasons():
     assert pred.reasons == [f"needs {pred.peak_host_mem_gib:.1f} GiB of host memory per node, has 64.0"]
     # per rank: the fp32 master and Adam's moments (12 bytes a parameter), the fp32 gradients of its
     # sub-groups and the bf16 gradient buffer pinned (each rounded up to a power of two:
-    # models.host_memory), plus each of the 4 processes' own host memory (memory.host_process_per_rank)
+    # models.host_memory), a sub-group's bf16 cast, plus each of the 4 processes' own host memory
+    # (memory.host_process_per_rank)
     per_rank = 6_738_415_616 / 4
     grads = pinned_bytes(4 * SUB_GROUP_SIZE) + pinned_bytes(4 * (per_rank - SUB_GROUP_SIZE))
-    rank_bytes = 12 * per_rank + float(grads) + float(pinned_bytes(2 * per_rank))
+    cast = 2 * SUB_GROUP_SIZE  # the host's bf16 copy of one sub-group on its way to the GPU
+    rank_bytes = 12 * per_rank + float(grads) + float(pinned_bytes(2 * per_rank)) + cast
     process_gib = small_host.memory.host_process_per_rank.value
     assert pred.peak_host_mem_gib == pytest.approx(4 * rank_bytes / 2**30 + 4 * process_gib)
     wide = predict(W7_32K, Strategy(gpus=8, gpus_per_node=8, zero_stage=3, checkpoint_every=1), small_host)
