@@ -25,11 +25,11 @@ resident memory of all 48 ZeRO-1/2 offload runs measured on one, two and four H2
   offload run held beyond the count, whatever the model's size. (With parameter offload the target is
   on the host, and no copy is made.)
 - SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer sized for
-  the largest sub-group (`superoffload_utils.py`, `max_grad_numel`). Its runs held 24-38% more than
+  the largest sub-group (`superoffload_utils.py`, `max_grad_numel`). Its runs held 22-33% more than
   this model counts. Part of that may be the measurement: the worker is a spawned process that shares
   the fp32 parameters and gradients through shared memory, and the harness sums each process's peak
-  resident memory, which counts a shared page in both. Those pages come to 6.9-26.6 GiB a rank
-  against gaps of 9.1-21.0 GiB, but do not match them run by run: not resolved.
+  resident memory, which counts a shared page in both. Those pages come to 6.2-26.6 GiB a rank
+  against gaps of 8.0-19.1 GiB, but do not match them run by run: not resolved.
 """
 from __future__ import annotations
 
