@@ -7,23 +7,21 @@ bytes without the rounding (and without ZeRO-1/2's pinned bf16 buffers) under-pr
 resident memory of all 48 ZeRO-1/2 offload runs measured on one, two and four H200s by 16-40%
 (`benchmarks/host_memory_accuracy.py`).
 
-- ZeRO-1/2 (`stage_1_and_2.py`, `pin_memory` on) pins the fp32 master partition, its fp32
-  gradient, a bf16 copy of the partition (`param_buffer_of_bit16_for_cpu_offload_groups`) and a bf16
-  buffer of the largest parameter (`temp_grad_buffer_for_cpu_offload`). With gradient accumulation
-  ZeRO-2 pins one bf16 buffer per parameter (`accumulated_grads_in_cpu`); ZeRO-1 carries the
-  gradients on the GPU to the boundary (a held-out ZeRO-1 run at two micro-steps held 1.5 GiB less
-  than those buffers). Adam's two moments are plain CPU
-  tensors (`cpu_adam.py`, `zeros_like`).
-- ZeRO-3 (`stage3.py`) keeps the fp32 master plain, pins each sub-group's fp32 gradient and the bf16
-  gradient partitions (`grad_partitions_flat_buffer`), and with parameter offload the bf16 parameter
-  partition (`param_groups_fp16_flat_cpu_memory`), into which it copies the pinned partition that
-  `zero.Init` made for each parameter: those blocks, freed, stay in torch's pinned-memory cache. After
-  each sub-group's step, copying its fp32
-  partition into the bf16 one on the GPU converts on the host first (ATen's `copy_` converts on the
-  source when the devices and dtypes both differ): a bf16 copy of one sub-group, which was the
-  1.8 GiB a rank (0.9 for qwen2.5-0.5b, whose one sub-group is half as large) that every ZeRO-3
-  offload run held beyond the count, whatever the model's size. (With parameter offload the target is
-  on the host, and no copy is made.)
+- ZeRO-1/2 (`stage_1_and_2.py`, `pin_memory` on) pins the fp32 master partition, its fp32 gradient,
+  a bf16 copy of the partition (`param_buffer_of_bit16_for_cpu_offload_groups`) and a bf16 buffer of
+  the largest parameter (`temp_grad_buffer_for_cpu_offload`). With gradient accumulation ZeRO-2 pins
+  one bf16 buffer per parameter (`accumulated_grads_in_cpu`); ZeRO-1 carries the gradients on the
+  GPU to the boundary (a held-out ZeRO-1 run at two micro-steps held 1.5 GiB less than those
+  buffers). Adam's two moments are plain CPU tensors (`cpu_adam.py`, `zeros_like`).
+- ZeRO-3 (`stage3.py`) keeps the fp32 master plain and pins each sub-group's fp32 gradient and the
+  bf16 gradient partitions (`grad_partitions_flat_buffer`). After each sub-group's step its fp32
+  partition is copied into the bf16 one on the GPU, and ATen's `copy_` converts on the source when
+  the devices and the dtypes both differ: the host holds a bf16 copy of one sub-group meanwhile. That
+  was the 1.8 GiB a rank (0.9 for qwen2.5-0.5b, whose one sub-group is half as large) that every
+  ZeRO-3 offload run held beyond the count, whatever the model's size.
+- ZeRO-3 parameter offload pins the bf16 parameter partition (`param_groups_fp16_flat_cpu_memory`),
+  into which it copies the pinned partition `zero.Init` made for each parameter; those blocks, freed,
+  stay in torch's pinned-memory cache. Each fp32 partition is then cast straight into it: no extra copy.
 - SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer sized for
   the largest sub-group (`superoffload_utils.py`, `max_grad_numel`). Its runs held 22-33% more than
   this model counts. Part of that may be the measurement: the worker is a spawned process that shares
