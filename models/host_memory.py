@@ -47,6 +47,16 @@ def pinned_bytes(requested) -> np.ndarray:
     return np.where(requested > 0, np.exp2(np.ceil(np.log2(safe))), 0.0)
 
 
+def _pinned_bf16_each(numels, split_over) -> np.ndarray:
+    """What pinning one bf16 buffer per tensor holds, each tensor split over `split_over` ranks (an
+    array, one entry a strategy): the sum over tensors of `pinned_bytes`. Vectorised over the tensors
+    and computed once per distinct rank count: the fit predicts every run hundreds of times."""
+    numels = np.asarray(numels, dtype=float)
+    split_over = np.asarray(split_over)
+    per_split = {n: float(pinned_bytes(BF16 * numels / n).sum()) for n in np.unique(split_over).tolist()}
+    return np.vectorize(per_split.get, otypes=[float])(split_over)
+
+
 def offloaded_host_bytes(counts: ParamCounts, lay: Layout, grad_accum, super_offload) -> np.ndarray:
     """Host bytes per rank of the offloaded optimizer states, gradients and parameters (module docstring)."""
     p_rank = lay.trainable_per_rank
@@ -58,8 +68,7 @@ def offloaded_host_bytes(counts: ParamCounts, lay: Layout, grad_accum, super_off
     accumulating = (np.asarray(grad_accum) > 1) & (lay.zero_stage == 2)  # ZeRO-1 accumulates on the GPU
     frozen_or_vision = float(counts.trainable - sum(counts.decoder_tensors))
     # One buffer per parameter whose gradient this rank accumulates: about 1/n of them.
-    per_tensor = (sum(float(pinned_bytes(BF16 * numel)) for numel in counts.decoder_tensors)
-                  + BF16 * frozen_or_vision) / lay.gpus
+    per_tensor = (_pinned_bf16_each(counts.decoder_tensors, np.ones_like(lay.gpus)) + BF16 * frozen_or_vision) / lay.gpus
     z12_bytes = (2 * pinned_bytes(FP32 * offloaded) + moments + pinned_bytes(BF16 * offloaded)
                  + pinned_bytes(BF16 * float(counts.largest_module)) + np.where(accumulating, per_tensor, 0.0))
 
@@ -78,9 +87,7 @@ def offloaded_host_bytes(counts: ParamCounts, lay: Layout, grad_accum, super_off
     # Parameter offload: zero.Init pins each parameter's partition on its own (partition_parameters.py),
     # then stage3.py copies them all into one pinned flat buffer; the freed blocks stay in torch's
     # pinned-memory cache, resident.
-    numels = np.asarray(counts.decoder_tensors, dtype=float)
-    per_gpus = {n: float(pinned_bytes(BF16 * numels / n).sum()) for n in np.unique(lay.gpus).tolist()}
-    each_partition = (np.vectorize(per_gpus.get, otypes=[float])(lay.gpus)
+    each_partition = (_pinned_bf16_each(counts.decoder_tensors, lay.gpus)
                       + BF16 * (frozen_or_vision + counts.frozen) / lay.gpus)
     flat = pinned_bytes(BF16 * (counts.trainable + counts.frozen) / lay.gpus)
     params = np.where(lay.param_offload, flat + each_partition, 0.0)
