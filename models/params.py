@@ -56,7 +56,7 @@ class ParamCounts:
     modules_vision: int  # modules with parameters in the encoder and projector (0 when it gets no input)
     vision_active: bool  # the workload feeds the vision tower images or frames
     trainable_tensors: int  # parameter tensors with gradients (a step outside ZeRO-3 visits each)
-    decoder_tensors: tuple[int, ...] = ()  # elements of each of the decoder's parameter tensors
+    decoder_tensors: tuple[int, ...]  # elements of each of the decoder's parameter tensors
 
     @property
     def trainable(self) -> int:
