@@ -19,8 +19,9 @@ Model states that live through the whole step (`model_states`, P trainable param
   then also keeps its fp32 gradient. Parameter offload keeps ZeRO-3's bf16 partition on the host.
   A frozen vision encoder is bf16 parameters only.
 Buffers: ZeRO-1/2 allocate two (one without overlap_comm) bf16 gradient buckets of
-`reduce_bucket_size` elements at the first gradient hook of every backward and free them at its
-end; ZeRO-3 keeps one such bucket from initialisation on, and a second under Ulysses (sp > 1:
+`reduce_bucket_size` elements at the first gradient hook of a backward and free them in the
+reduction's epilogue, which ZeRO-2 runs after every backward and ZeRO-1 only at the accumulation
+boundary (so under accumulation ZeRO-1's buckets are alive through the next micro-step's forward); ZeRO-3 keeps one such bucket from initialisation on, and a second under Ulysses (sp > 1:
 measured on 4x H200 as +0.93 GiB after `deepspeed.initialize` for the default 5e8-element bucket,
 in all five ZeRO-3 sp runs, none of the sp 1 ones); ZeRO-1/2 optimizer offload keeps a bf16
 staging buffer of the largest parameter. ZeRO-3 keeps gathered parameters while they are reused
@@ -239,6 +240,10 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     carried = np.select([stage <= 1, (stage == 2) & ~opt_off], [BF16 * p, BF16 * p_rank], 0.0)
     accumulated = np.where(b.grad_accum > 1, carried, 0.0)
     buckets = np.where(z12, BF16 * rbs * np.where(b.overlap_comm, 2.0, 1.0), 0.0)
+    # ZeRO-1 frees its buckets only in the boundary's epilogue (engine.allreduce_gradients), so under
+    # accumulation the first micro-step's buckets are alive through the next forward and its loss.
+    # Traced (qwen2.5-0.5b 16k ZeRO-1 offload, two micro-steps): both buckets live at the loss's peak.
+    buckets_carried = np.where((stage == 1) & (b.grad_accum > 1), buckets, 0.0)
 
     # Activations
     t = work.tokens_per_gpu
@@ -305,7 +310,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     end_extra = np.where(z3, flat_copy, ulysses_fp32) + np.where(opt_off, offload_transient(largest_last), 0.0)
 
     moments = {
-        "loss": base + accumulated + kept + final_norm + loss,
+        "loss": base + accumulated + buckets_carried + kept + final_norm + loss,
         "head": base + accumulated + buckets + kept + final_norm + head,
         "layer": base + accumulated + buckets + kept + recompute + workspace + tied_head,
         "reduce": np.where((stage >= 1) & (p > rbs),
