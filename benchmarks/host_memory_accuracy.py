@@ -1,5 +1,7 @@
 """Predicted host memory against the real runs that keep model states or checkpoints on the CPU:
-`peak_host_mem_gib` (per node) against the peak resident memory (VmHWM) of the ranks' processes.
+`peak_host_mem_gib` (per node) against the peak resident memory (VmHWM) of the ranks' processes, or,
+where a rank has child processes that share its pages (SuperOffload's worker) and the run sampled
+it, against their peak proportional set size, which counts a shared page once (column "by": pss).
 
     python benchmarks/host_memory_accuracy.py [--runs 'data/runs/*.jsonl' ...] [--profile h200]
 
@@ -53,16 +55,18 @@ def main(argv=None) -> int:
         if path is None:
             continue
         pred = predict(run.workload, run.strategy, profile).peak_host_mem_gib
-        groups.setdefault(path, []).append((run.label, record.result.peak_host_mem_gib, pred))
-    width = max((len(label) for rows in groups.values() for label, _, _ in rows), default=10)
-    print(f"{'run':<{width}}  {'meas GiB':>8}  {'pred GiB':>8}  {'err %':>7}")
+        pss = record.result.peak_host_mem_pss_gib
+        groups.setdefault(path, []).append((run.label, pss or record.result.peak_host_mem_gib, pred,
+                                            "pss" if pss else "hwm"))
+    width = max((len(label) for rows in groups.values() for label, *_ in rows), default=10)
+    print(f"{'run':<{width}}  {'meas GiB':>8}  {'by':>3}  {'pred GiB':>8}  {'err %':>7}")
     summary = []
     for path, rows in sorted(groups.items()):
         print(f"-- {path}")
         errors = []
-        for label, meas, pred in sorted(rows):
+        for label, meas, pred, by in sorted(rows):
             errors.append((pred - meas) / meas)
-            print(f"{label:<{width}}  {meas:8.2f}  {pred:8.2f}  {100 * errors[-1]:+7.1f}")
+            print(f"{label:<{width}}  {meas:8.2f}  {by:>3}  {pred:8.2f}  {100 * errors[-1]:+7.1f}")
         e = np.array(errors)
         summary.append(f"{path}: {len(e)} runs, MAPE {100 * np.abs(e).mean():.1f}%, "
                        f"from {100 * e.min():+.1f}% to {100 * e.max():+.1f}%")

@@ -78,6 +78,11 @@ class RunResult:
     peak_gpu_reserved_gib: float | None = None  # torch max_memory_reserved, max over ranks
     peak_host_mem_gib: float | None = None  # peak RSS of each rank's process tree, summed over ranks
     host_mem_baseline_gib: float | None = None  # the same before the model was built (runtime, libraries)
+    # Only where a rank has child processes (SuperOffload's worker), sampled (calibration.harness.
+    # shared_host_memory): the trees' peak Pss, which counts a page the processes share once, and
+    # their resident sum at the same samples (beside peak_host_mem_gib: whether sampling caught the peak).
+    peak_host_mem_pss_gib: float | None = None
+    peak_host_mem_sampled_gib: float | None = None
     tokens_per_s: float | None = None  # sequences x context length per second, whole job
     warmup_steps: int = 0
     measured_steps: int = 0

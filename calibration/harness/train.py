@@ -21,6 +21,7 @@ import time
 import traceback
 
 from calibration.harness.measure import HostMemoryPeak
+from calibration.harness.shared_host_memory import SharedHostMemory
 from calibration.harness.window import WindowSettings
 from runs.record import RunResult
 
@@ -191,6 +192,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     host_memory.reset()
+    shared_host = SharedHostMemory()
+    shared_host.start()
     if not host_memory.marks_reset:
         adjustments.append("host memory peak includes start-up: the kernel's high-water marks could not be reset")
 
@@ -227,7 +230,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         memory_trace.write_summary(memory_trace.summary_name(rank), trace_baseline)
 
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
-                               torch.cuda.max_memory_reserved() if cuda else None, host_memory.read(), host_baseline)
+                               torch.cuda.max_memory_reserved() if cuda else None, host_memory.read(), host_baseline,
+                               shared_host.stop())
     # After the window's peaks are read (the probe allocates), before the profilers (they slow it).
     issue_after = host_probe.reprobe_issue(device, sync)
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing

@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from calibration.harness.host_noise import HostNoise
+from calibration.harness.shared_host_memory import SharedPeak
 from runs.record import relative_sem
 
 GIB = 2**30
@@ -138,7 +139,7 @@ class MeasuredWindow:
         self.cpu_s = self.cpu_seconds() - self._cpu_before
 
     def rank_summary(self, rank: int, local_rank: int, peak_alloc: int | None, peak_reserved: int | None,
-                     host_peak: int, host_baseline: int | None) -> dict:
+                     host_peak: int, host_baseline: int | None, host_shared: SharedPeak | None = None) -> dict:
         """This rank's measurements, to be gathered on rank 0. Host CPU energy is taken on local
         rank 0 only: its sensor (or estimate) covers the whole host."""
         m = self.measurement
@@ -146,7 +147,8 @@ class MeasuredWindow:
                 "gpu_power_avg_w": m.gpu_power_avg_w, "cpu_energy_j": m.cpu_energy_j if local_rank == 0 else None,
                 "cpu_energy_estimated": bool(m.cpu_energy_estimated), "cpu_s": self.cpu_s,
                 "peak_alloc": peak_alloc, "peak_reserved": peak_reserved, "host_peak": host_peak,
-                "host_baseline": host_baseline}
+                "host_baseline": host_baseline,
+                "host_shared": None if host_shared is None else (host_shared.pss_bytes, host_shared.rss_bytes)}
 
     def result_fields(self, everyone: list[dict]) -> dict:
         """`RunResult` fields from every rank's `rank_summary`: per-step averages over the window,
@@ -165,6 +167,7 @@ class MeasuredWindow:
         power = None if any(not r["gpu_power_avg_w"] for r in everyone) else {
             str(r["rank"]): sum(r["gpu_power_avg_w"].values()) for r in everyone}
         baselines = each("host_baseline")
+        shared = each("host_shared")
         return {
             "step_time_s": self.window_s / steps,
             "gpu_energy_j": sum(sum(d.values()) for d in gpu) / steps if gpu else None,
@@ -174,6 +177,8 @@ class MeasuredWindow:
             "peak_gpu_reserved_gib": max(each("peak_reserved")) / GIB if each("peak_reserved") else None,
             "peak_host_mem_gib": sum(r["host_peak"] for r in everyone) / GIB,
             "host_mem_baseline_gib": sum(baselines) / GIB if baselines else None,
+            "peak_host_mem_pss_gib": sum(pss for pss, _ in shared) / GIB if shared else None,
+            "peak_host_mem_sampled_gib": sum(rss for _, rss in shared) / GIB if shared else None,
             "warmup_steps": self.warmup,
             "measured_steps": steps,
             "window_s": self.window_s,
