@@ -7,7 +7,8 @@ it, against their peak proportional set size, which counts a shared page once (c
 
 Host memory decides whether an offload strategy fits the node, so an under-prediction is a host
 OOM the advisor would recommend. Runs are grouped by the DeepSpeed path that allocates the memory
-(models.host_memory): ZeRO-1/2 offload, ZeRO-3 offload, SuperOffload, CPU checkpointing alone.
+(models.host_memory): ZeRO-1/2 offload, ZeRO-3 offload, SuperOffload, CPU checkpointing alone. Runs
+whose GPU allocations were recorded are left out: the recording holds host memory of its own.
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def main(argv=None) -> int:
     groups: dict[str, list[tuple[str, float, float]]] = {}
     seen = set()
     for record in gather_records(paths):
-        if (record.key, record.date) in seen or record.result.status != "ok" or not record.result.peak_host_mem_gib:
+        if ((record.key, record.date) in seen or record.result.status != "ok" or not record.result.peak_host_mem_gib
+                or record.result.memory_traced):
             continue
         seen.add((record.key, record.date))
         try:

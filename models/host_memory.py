@@ -22,12 +22,17 @@ resident memory of all 48 ZeRO-1/2 offload runs measured on one, two and four H2
 - ZeRO-3 parameter offload pins the bf16 parameter partition (`param_groups_fp16_flat_cpu_memory`),
   into which it copies the pinned partition `zero.Init` made for each parameter; those blocks, freed,
   stay in torch's pinned-memory cache. Each fp32 partition is then cast straight into it: no extra copy.
-- SuperOffload's CPU-Adam worker copies each sub-group's gradients into its own fp32 buffer sized for
-  the largest sub-group (`superoffload_utils.py`, `max_grad_numel`). Its runs held 22-33% more than
-  this model counts. Part of that may be the measurement: the worker is a spawned process that shares
-  the fp32 parameters and gradients through shared memory, and the harness sums each process's peak
-  resident memory, which counts a shared page in both. Those pages come to 6.2-26.6 GiB a rank
-  against gaps of 8.0-19.1 GiB, but do not match them run by run: not resolved.
+- SuperOffload hands each sub-group's fp32 parameters and gradients to its CPU-Adam worker, a spawned
+  process, through a torch multiprocessing queue. Pickling a CPU tensor moves its storage into shared
+  memory: a new shared segment, the data copied, the storages swapped (`reduce_storage`,
+  `_share_fd_cpu_`). The plain fp32 master is freed back to the OS; the pinned fp32 gradient goes back
+  to torch's pinned-memory cache and stays resident. So the gradients are held twice, pinned and
+  shared. The worker also pins its own fp32 buffer for the largest sub-group (`max_grad_numel`).
+  The harness's usual figure sums each process's resident peak and so counts every shared page in
+  both processes (SuperOffload runs measured 22-33% above this count by it); the tree's proportional
+  set size counts it once (`calibration/harness/shared_host_memory.py`). Against that, before the
+  shared gradients and the buffer's rounding were counted, three runs (one H200, 2026-12-02) were
+  14.5-15.4% under; the worker process's own runtime (about 0.4-0.5 GiB) is still not counted.
 """
 from __future__ import annotations
 
@@ -80,9 +85,11 @@ def offloaded_host_bytes(counts: ParamCounts, lay: Layout, grad_accum, super_off
     # holds a bf16 copy of one sub-group meanwhile. With parameter offload the target is on the host.
     to_gpu_cast = np.where(lay.param_offload, 0.0, BF16 * np.minimum(offloaded, SUB_GROUP_SIZE))
     z3_bytes = FP32 * offloaded + fp32_grads + moments + pinned_bytes(BF16 * p_rank) + to_gpu_cast
-    super_worker = np.where(np.asarray(super_offload, dtype=bool),
-                            FP32 * np.minimum(offloaded, SUB_GROUP_SIZE), 0.0)
-    z3_bytes = z3_bytes + super_worker
+    # SuperOffload: the gradients moved to shared memory for the worker (their pinned blocks stay
+    # cached), and the worker's pinned buffer for the largest sub-group.
+    super_offload_copies = np.where(np.asarray(super_offload, dtype=bool),
+                            FP32 * offloaded + pinned_bytes(FP32 * np.minimum(offloaded, SUB_GROUP_SIZE)), 0.0)
+    z3_bytes = z3_bytes + super_offload_copies
 
     # Parameter offload: zero.Init pins each parameter's partition on its own (partition_parameters.py),
     # then stage3.py copies them all into one pinned flat buffer; the freed blocks stay in torch's

@@ -23,7 +23,7 @@ import traceback
 from calibration.harness.measure import HostMemoryPeak
 from calibration.harness.shared_host_memory import SharedHostMemory
 from calibration.harness.window import WindowSettings
-from runs.record import RunResult
+from runs.record import MEMORY_TRACE_ADJUSTMENT, RunResult
 
 GIB = 2**30
 
@@ -207,7 +207,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     traced = cuda and memory_trace.wanted()
     if traced:
         trace_baseline = memory_trace.start()
-        adjustments.append("GPU allocations recorded (ADVISOR_MEMORY_TRACE): steps carry the recording's cost")
+        adjustments.append(MEMORY_TRACE_ADJUSTMENT)
     monitor = energy_monitor([local_rank] if cuda else [], sync)
     settings = WindowSettings(warmup=args.warmup, steps=args.steps, min_window_s=args.min_window_s,
                               max_steps=args.max_steps, precision=args.precision, max_window_s=args.max_window_s)
@@ -226,12 +226,14 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         if window.step_done():
             break
     timeline.mark("measured")
+    # Host peaks before the trace's summary is written: replaying the snapshot holds host memory too.
+    host_peak, shared_peak = host_memory.read(), shared_host.stop()
     if traced:
         memory_trace.write_summary(memory_trace.summary_name(rank), trace_baseline)
 
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
-                               torch.cuda.max_memory_reserved() if cuda else None, host_memory.read(), host_baseline,
-                               shared_host.stop())
+                               torch.cuda.max_memory_reserved() if cuda else None, host_peak, host_baseline,
+                               shared_peak)
     # After the window's peaks are read (the probe allocates), before the profilers (they slow it).
     issue_after = host_probe.reprobe_issue(device, sync)
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing

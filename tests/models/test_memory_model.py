@@ -324,13 +324,34 @@ def test_partial_zero3_offload_keeps_the_gpu_sub_groups_whole_state_on_the_gpu()
     assert host == pytest.approx(8 * _zero3_offload_host_rank(per_rank, share))
 
 
-def test_superoffload_adds_its_workers_gradient_buffer_on_the_host():
+def test_superoffload_holds_its_gradients_twice_and_the_worker_s_pinned_buffer_on_the_host():
+    """Handing the gradients to the worker moves them to shared memory; the pinned blocks they leave
+    stay cached. The worker pins an fp32 buffer for the largest sub-group, rounded up."""
     c = _counts("llama-2-7b")
     p = c.trainable
     s = _states(c, 4, 3, opt=1, super_offload=(False, True))
     extra = float(s.host_bytes_per_rank[1] - s.host_bytes_per_rank[0])
-    assert extra == 4 * min(p / 4, SUB_GROUP_SIZE)
+    assert extra == 4 * p / 4 + float(pinned_bytes(4 * min(p / 4, SUB_GROUP_SIZE)))
     assert float(s.gpu_bytes[0]) == float(s.gpu_bytes[1])
+
+
+def test_superoffload_host_memory_of_the_runs_that_sampled_it_counting_shared_pages_once():
+    """The runs whose harness sampled the process tree's proportional set size (shared pages once):
+    14.5-15.4% under before the shared gradients and the buffer's rounding were counted. The worker
+    process's own runtime is not counted, so a little under is expected; more than 5% is not."""
+    from runs.jsonl import read_records
+    from runs.measured import to_measured_run
+    from models.predict import predict
+
+    profile, errors = load_profile("h200"), []
+    for path in RUNS:
+        for record in read_records(path):
+            if record.result.status == "ok" and record.result.peak_host_mem_pss_gib:
+                run = to_measured_run(record)
+                errors.append(predict(run.workload, run.strategy, profile).peak_host_mem_gib
+                              / record.result.peak_host_mem_pss_gib - 1)
+    assert len(errors) >= 3
+    assert min(errors) > -0.05 and max(errors) < 0.05, errors
 
 
 def _shipped_runs():
@@ -368,7 +389,8 @@ def test_allocated_memory_of_the_shipped_h200_runs():
     from three closed loops and a sweep of CPU checkpointing on the next two, and 5 of CPU
     checkpointing under ZeRO-1 and ZeRO-3, with and without offload, on two more, and 5 CPU-offload
     settings never measured on the next (predicted before they ran), and TinyLlama's ZeRO-3 offload at
-    two reduce buckets on the last. On average
+    two reduce buckets on the next, and 8 memory settings never measured, with 3 of SuperOffload, on
+    the last (predicted before they ran, within 0.1% but SuperOffload's +3.9%). On average
     within 1%; an under-prediction is an OOM the advisor would recommend. The worst under was TinyLlama
     at 8k, ZeRO-1/2, 4 GPUs, 6.6%, until the second reduction's moment (traced on both ranks,
     2026-12-01); now it is ZeRO-3 with offload under Ulysses sp 4, 5.8%. The worst over were ZeRO-1/2
@@ -379,7 +401,7 @@ def test_allocated_memory_of_the_shipped_h200_runs():
     for label, w, s, measured in _shipped_runs():
         predicted = float(_estimate(w, s).allocated_gpu_bytes[0]) / 2**30
         errors[label] = predicted / measured - 1
-    assert len(errors) == 328
+    assert len(errors) == 334
     assert max(errors.values()) < 0.05, max(errors, key=errors.get)
     assert np.mean(np.abs(list(errors.values()))) < 0.01
     assert min(errors.values()) > -0.06, min(errors, key=errors.get)
@@ -412,6 +434,7 @@ def _offload_host_errors(zero3: bool) -> list[float]:
         for record in read_records(path):
             s = record.candidate.strategy
             if (record.result.status != "ok" or not record.result.peak_host_mem_gib or s is None
+                    or record.result.memory_traced
                     or s.get("offload_optimizer", "none") == "none" or (s["zero_stage"] == 3) != zero3
                     or s.get("super_offload")):
                 continue
