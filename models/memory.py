@@ -21,9 +21,10 @@ Model states that live through the whole step (`model_states`, P trainable param
 Buffers: ZeRO-1/2 allocate two (one without overlap_comm) bf16 gradient buckets of
 `reduce_bucket_size` elements at the first gradient hook of a backward and free them in the
 reduction's epilogue, which ZeRO-2 runs after every backward and ZeRO-1 only at the accumulation
-boundary (so under accumulation ZeRO-1's buckets are alive through the next micro-step's forward); ZeRO-3 keeps one such bucket from initialisation on, and a second under Ulysses (sp > 1:
-measured on 4x H200 as +0.93 GiB after `deepspeed.initialize` for the default 5e8-element bucket,
-in all five ZeRO-3 sp runs, none of the sp 1 ones); ZeRO-1/2 optimizer offload keeps a bf16
+boundary (so under accumulation ZeRO-1's buckets are alive through the next micro-step's forward);
+ZeRO-3 keeps one such bucket from initialisation on, in fp32 under Ulysses, which communicates in
+fp32 (sp > 1: measured on 4x H200 as +0.93 GiB after `deepspeed.initialize` for the default
+5e8-element bucket, in all five ZeRO-3 sp runs, none of the sp 1 ones); ZeRO-1/2 optimizer offload keeps a bf16
 staging buffer of the largest parameter. ZeRO-3 keeps gathered parameters while they are reused
 within `stage3_max_reuse_distance`, up to `stage3_max_live_parameters` (1e9 elements each by
 default). The model takes that cap, min(max live, parameters the forward uses): the measured
@@ -228,7 +229,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     cpu_ck = np.asarray(b.cpu_checkpointing, dtype=bool)
 
     # Persistent buffers
-    z3_bucket = np.where(z3, BF16 * rbs * np.where(b.sp > 1, 2.0, 1.0), 0.0)
+    z3_bucket = np.where(z3, np.where(b.sp > 1, FP32, BF16) * rbs, 0.0)  # Ulysses communicates in fp32
     offload_staging = np.where(z12 & opt_off, BF16 * float(counts.largest_module), 0.0)
     buffers = z3_bucket + offload_staging + GEMM_WORKSPACE_BYTES
     base = states.gpu_bytes + buffers
@@ -279,8 +280,11 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     # Every reduction concatenates its bucket into a flat copy: ZeRO-3's reduce_scatter_coalesced,
     # and ZeRO-1/2's allreduce_bucket (average_tensor sends every slice down the multi-rank
     # all-reduce path by default, use_multi_rank_bucket_allreduce). Traced on both ranks of
-    # TinyLlama 8k ZeRO-1/2 on 2x H200: 0.92 GiB at allreduce_bucket on rank 1.
-    flat_copy = BF16 * np.minimum(rbs, p)
+    # TinyLlama 8k ZeRO-1/2 on 2x H200: 0.92 GiB at allreduce_bucket on rank 1. Under Ulysses ZeRO-3
+    # communicates in seq_parallel_communication_data_type (fp32 by default; engine.py): its bucket
+    # holds fp32 gradients (the second bf16 bucket's bytes below) and their flat copy is fp32 too.
+    # Every llama-2-7b ZeRO-3 run at sp 2-4 (2 and 4 GPUs) peaked here 0.7-1.2 GiB above a bf16 copy.
+    flat_copy = np.where(z3 & (b.sp > 1), FP32, BF16) * np.minimum(rbs, p)
 
     def offload_transient(numel):
         """Reducing an offloaded gradient: ZeRO-1/2 casts its partition to fp64 for the norm;
