@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -106,6 +107,20 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+# Runs started and not yet reaped, so that a stopped sweep can stop them: each runs in a pool thread,
+# and leaving the pool waits for those threads, so a run left alive would hold the stop until it ended.
+_live_runs: set[subprocess.Popen] = set()
+_live_lock = threading.Lock()
+
+
+def stop_live_runs() -> None:
+    """Kill the session of every run still going (a Ctrl-C or SIGTERM is ending the sweep)."""
+    with _live_lock:
+        procs = list(_live_runs)
+    for proc in procs:
+        _kill_group(proc)
+
+
 def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettings(),
                   slots: list[Slot] | None = None) -> RunResult:
     """Run one candidate to completion or timeout; never raises for a failed run."""
@@ -142,12 +157,17 @@ def run_candidate(c: Candidate, workdir: Path, settings: RunSettings = RunSettin
         proc = subprocess.Popen(command, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=str(Path.cwd() if c.script else rundir),
                                 start_new_session=True, preexec_fn=preexec)
+        with _live_lock:
+            _live_runs.add(proc)
         try:
             proc.wait(timeout=settings.timeout_s)
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
+        finally:
+            with _live_lock:
+                _live_runs.discard(proc)
     wall = time.perf_counter() - start
     result = _collect(out_path, log_path, proc.returncode, timed_out, settings.timeout_s)
     return replace(result, wall_s=wall)
@@ -285,7 +305,8 @@ def run_sweep(
         for entry in running.values():
             entry[3] = max(entry[3], len(running))
 
-    with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+    def run_pending(pool):
+        nonlocal backfilled_for
         while pending or running:
             while pending and time_left() > min_run_s:
                 head = pending[0]
@@ -314,6 +335,13 @@ def run_sweep(
                           file=sys.stderr)
                     continue
                 finish(c, replace(result, concurrent_runs=overlap), pred)
+
+    with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+        try:
+            run_pending(pool)
+        except BaseException:  # Ctrl-C or SIGTERM: the runs stop with the sweep, unrecorded (the next sweep runs them)
+            stop_live_runs()
+            raise
     if harness_errors:
         raise HarnessError(f"the harness could not start, nothing was recorded for that run "
                            f"({len(new)} recorded before): {harness_errors[0]}")

@@ -143,3 +143,41 @@ def test_a_sweep_naming_a_repository_config_is_predicted_from_any_folder(tmp_pat
     prediction, _, notes = make_predictor("h200")(c)
     assert prediction is not None and prediction["step_time_s"] > 0, notes
     assert c.model == "data/sweeps/gqa-2.4b.json"  # the key stays the one earlier runs of it have
+
+
+@pytest.mark.slow
+def test_a_stopped_validate_takes_its_run_with_it_and_says_so(tmp_path, tiny_model):
+    """SIGTERM (kill, a scheduler's stop) during a run: the command ends as Ctrl-C ends it, non-zero and
+    saying so, and the run's own session (torchrun, its ranks) is gone with it, not left computing."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps(ds_config(2)))
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "advisor.cli", "validate", "--model", tiny_model, "--seq", "64", "--ds-config", str(cfg),
+         "--store", str(tmp_path / "runs.db"), "--workdir", str(tmp_path / "work"), "--warmup", "1",
+         "--steps", "1000000", "--timeout", "600"],  # a window far longer than the test
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=repo)
+    try:
+        deadline, run = time.monotonic() + 120, []
+        while time.monotonic() < deadline and not run:  # the harness's processes start
+            run = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "calibration.harness" in " ".join(p.cmdline())]
+            time.sleep(0.2)
+        assert run, "the run never started"
+        run = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        _, alive = psutil.wait_procs(run, timeout=30)
+        assert not alive, [p.cmdline() for p in alive]
+        assert "Aborted" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
