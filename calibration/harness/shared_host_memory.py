@@ -3,8 +3,9 @@
 
 Why: `peak_host_mem_gib` sums each process's resident peak (VmHWM). SuperOffload's CPU optimizer
 runs in a spawned worker that maps the tensors the rank hands it (torch multiprocessing moves their
-storage to shared memory), so that sum counts those pages once per process: SuperOffload runs
-measured 22-33% above the host memory model, while every other offload path is within -3% to +6%.
+storage to shared memory), so that sum counts those pages once per process: by it, SuperOffload runs
+measured 22-33% above the host memory model of 2026-12-02, while every other offload path was
+within -3% to +6%.
 Pss splits each shared page among the processes that map it, so the tree's sum counts every page
 once. The kernel keeps no peak of it, hence a sampling thread; it runs only for a tree with child
 processes, because a sampling thread slows host-bound steps and a single process gains nothing
