@@ -2,17 +2,16 @@
 memory, a fake /proc, and how the window turns the ranks' readings into record fields."""
 from __future__ import annotations
 
-import mmap
+import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from calibration.harness.shared_host_memory import SharedHostMemory, SharedPeak, rollup_bytes
+from calibration.harness.shared_host_memory import SharedPeak, rollup_bytes
 from calibration.harness.window import MeasuredWindow, WindowSettings
 from runs.record import RunResult
 
@@ -32,40 +31,53 @@ def test_rollup_reads_rss_and_pss_in_bytes(tmp_path):
     assert rollup_bytes(44, tmp_path) is None  # no Pss: not a peak to trust
 
 
+def _in_a_fresh_process(code: str) -> dict:
+    """Run `code` in a new interpreter and read the JSON it prints last: the test process has children
+    of its own (other tests' workers), which a reading of its tree would count."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_a_process_without_children_is_not_sampled():
-    reading = SharedHostMemory()
-    assert reading.start() is False
-    assert reading.stop() is None
+    out = _in_a_fresh_process(
+        "import json\nfrom calibration.harness.shared_host_memory import SharedHostMemory\n"
+        "r = SharedHostMemory()\nprint(json.dumps({'started': r.start(), 'peak': r.stop()}))\n")
+    assert out == {"started": False, "peak": None}
 
 
 @pytest.mark.skipif(not ROLLUP.exists() or not SHM.is_dir(), reason="no smaps_rollup or /dev/shm")
 def test_pages_shared_with_a_child_count_once_in_pss_and_twice_in_rss():
+    """A parent and its child both touch a 256 MiB shared block: Rss counts it in each, Pss splits it."""
     size = 256 * MIB
     path = SHM / f"advisor-test-{os.getpid()}"
+    touch = ("import mmap, sys, time\nf = open(sys.argv[1], 'rb')\n"
+             "b = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\nsum(b[i] for i in range(0, len(b), 4096))\n"
+             "print('ready', flush=True)\ntime.sleep(30)\n")
+    parent = f"""
+import json, mmap, subprocess, sys, time
+from calibration.harness.shared_host_memory import SharedHostMemory
+with open({str(path)!r}, 'w+b') as f:
+    f.truncate({size})
+    block = mmap.mmap(f.fileno(), {size})
+    block[:] = b'\\x01' * {size}
+    child = subprocess.Popen([sys.executable, '-c', {touch!r}, {str(path)!r}], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == 'ready'
+    reading = SharedHostMemory(interval_s=0.05)
+    started = reading.start()
+    time.sleep(0.2)
+    peak = reading.stop()
+    child.kill()
+    print(json.dumps({{'started': started, 'rss': peak.rss_bytes, 'pss': peak.pss_bytes, 'samples': peak.samples}}))
+"""
     try:
-        with path.open("w+b") as f:
-            f.truncate(size)
-            block = mmap.mmap(f.fileno(), size)
-            block[:] = b"\x01" * size  # resident in this process
-            touch = ("import mmap, sys, time\nf = open(sys.argv[1], 'rb')\n"
-                     "b = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\nsum(b[i] for i in range(0, len(b), 4096))\n"
-                     "print('ready', flush=True)\ntime.sleep(30)\n")
-            child = subprocess.Popen([sys.executable, "-c", touch, str(path)], stdout=subprocess.PIPE, text=True)
-            try:
-                assert child.stdout.readline().strip() == "ready"  # the child has touched every page
-                reading = SharedHostMemory(interval_s=0.05)
-                assert reading.start() is True
-                time.sleep(0.2)
-                peak = reading.stop()
-            finally:
-                child.kill()
-                child.wait()
-                block.close()
+        out = _in_a_fresh_process(parent)
     finally:
         path.unlink(missing_ok=True)
-    assert peak is not None and peak.samples >= 2
+    assert out["started"] and out["samples"] >= 2
     # Rss counts the block in both processes, Pss splits it between them: the block once in all.
-    assert peak.rss_bytes - peak.pss_bytes == pytest.approx(size, rel=0.1)
+    assert out["rss"] - out["pss"] == pytest.approx(size, rel=0.1)
 
 
 class _Monitor:
