@@ -88,7 +88,7 @@ def offloaded_host_bytes(counts: ParamCounts, lay: Layout, grad_accum, super_off
     # SuperOffload: the gradients moved to shared memory for the worker (their pinned blocks stay
     # cached), and the worker's pinned buffer for the largest sub-group.
     super_offload_copies = np.where(np.asarray(super_offload, dtype=bool),
-                            FP32 * offloaded + pinned_bytes(FP32 * np.minimum(offloaded, SUB_GROUP_SIZE)), 0.0)
+                                    FP32 * offloaded + pinned_bytes(FP32 * np.minimum(offloaded, SUB_GROUP_SIZE)), 0.0)
     z3_bytes = z3_bytes + super_offload_copies
 
     # Parameter offload: zero.Init pins each parameter's partition on its own (partition_parameters.py),

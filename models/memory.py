@@ -24,8 +24,8 @@ reduction's epilogue, which ZeRO-2 runs after every backward and ZeRO-1 only at 
 boundary (so under accumulation ZeRO-1's buckets are alive through the next micro-step's forward);
 ZeRO-3 keeps one such bucket from initialisation on, in fp32 under Ulysses, which communicates in
 fp32 (sp > 1: measured on 4x H200 as +0.93 GiB after `deepspeed.initialize` for the default
-5e8-element bucket, in all five ZeRO-3 sp runs, none of the sp 1 ones); ZeRO-1/2 optimizer offload keeps a bf16
-staging buffer of the largest parameter. ZeRO-3 keeps gathered parameters while they are reused
+5e8-element bucket, in all five ZeRO-3 sp runs, none of the sp 1 ones); ZeRO-1/2 optimizer offload
+keeps a bf16 staging buffer of the largest parameter. ZeRO-3 keeps gathered parameters while they are reused
 within `stage3_max_reuse_distance`, up to `stage3_max_live_parameters` (1e9 elements each by
 default). The model takes that cap, min(max live, parameters the forward uses): the measured
 qwen2.5-1.5b runs (2 GPUs, or parameter offload) sit at it, although a reading of the trace and
@@ -282,7 +282,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     # all-reduce path by default, use_multi_rank_bucket_allreduce). Traced on both ranks of
     # TinyLlama 8k ZeRO-1/2 on 2x H200: 0.92 GiB at allreduce_bucket on rank 1. Under Ulysses ZeRO-3
     # communicates in seq_parallel_communication_data_type (fp32 by default; engine.py): its bucket
-    # holds fp32 gradients (the second bf16 bucket's bytes below) and their flat copy is fp32 too.
+    # holds fp32 gradients (z3_bucket above) and their flat copy is fp32 too.
     # Every llama-2-7b ZeRO-3 run at sp 2-4 (2 and 4 GPUs) peaked here 0.7-1.2 GiB above a bf16 copy.
     flat_copy = np.where(z3 & (b.sp > 1), FP32, BF16) * np.minimum(rbs, p)
 
