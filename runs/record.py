@@ -204,12 +204,6 @@ class Candidate:
             what["cpu_threads_per_rank"] = threads
         return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
-    @property
-    def memory_traced(self) -> bool:
-        """Whether its GPU allocations were recorded: the recording holds host memory of its own (a
-        traced run held 0.4-0.9 GiB more than the same run untraced), so its host peak is not the run's."""
-        return any("ADVISOR_MEMORY_TRACE" in a for a in self.config_adjustments)
-
     def to_dict(self) -> dict:
         return asdict(self)
 
