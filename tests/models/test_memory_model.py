@@ -339,17 +339,8 @@ def test_superoffload_host_memory_of_the_runs_that_sampled_it_counting_shared_pa
     """The runs whose harness sampled the process tree's proportional set size (shared pages once):
     14.5-15.4% under before the shared gradients and the buffer's rounding were counted. The worker
     process's own runtime is not counted, so a little under is expected; more than 5% is not."""
-    from runs.jsonl import read_records
-    from runs.measured import to_measured_run
-    from models.predict import predict
-
-    profile, errors = load_profile("h200"), []
-    for path in RUNS:
-        for record in read_records(path):
-            if record.result.status == "ok" and record.result.peak_host_mem_pss_gib:
-                run = to_measured_run(record)
-                errors.append(predict(run.workload, run.strategy, profile).peak_host_mem_gib
-                              / record.result.peak_host_mem_pss_gib - 1)
+    errors = _host_errors(lambda record: bool(record.result.peak_host_mem_pss_gib),
+                          lambda result: result.peak_host_mem_pss_gib)
     assert len(errors) >= 3
     assert min(errors) > -0.05 and max(errors) < 0.05, errors
 
@@ -426,9 +417,9 @@ def test_accumulating_zero2_offload_pins_one_buffer_per_parameter():
     assert extra > 2 * c.trainable  # the rounding is not free
 
 
-def _offload_host_errors(zero3: bool) -> list[float]:
-    """Predicted / measured - 1 of the peak host memory (VmHWM, summed over the node's ranks) of every
-    shipped CPU-offload run of ZeRO-3 (`zero3`) or of ZeRO-1/2, SuperOffload's left out."""
+def _host_errors(wanted, measured) -> list[float]:
+    """Predicted / measured - 1 of the peak host memory (per node) of every ok shipped run that
+    `wanted(record)` keeps, measured as `measured(result)` says."""
     from runs.jsonl import read_records
     from runs.measured import to_measured_run
     from models.predict import predict
@@ -436,15 +427,23 @@ def _offload_host_errors(zero3: bool) -> list[float]:
     profile, errors = load_profile("h200"), []
     for path in RUNS:
         for record in read_records(path):
-            s = record.candidate.strategy
-            if (record.result.status != "ok" or not record.result.peak_host_mem_gib or s is None
-                    or record.result.memory_traced
-                    or s.get("offload_optimizer", "none") == "none" or (s["zero_stage"] == 3) != zero3
-                    or s.get("super_offload")):
-                continue
-            run = to_measured_run(record)
-            errors.append(predict(run.workload, run.strategy, profile).peak_host_mem_gib / record.result.peak_host_mem_gib - 1)
+            if record.result.status == "ok" and wanted(record):
+                run = to_measured_run(record)
+                errors.append(predict(run.workload, run.strategy, profile).peak_host_mem_gib
+                              / measured(record.result) - 1)
     return errors
+
+
+def _offload_host_errors(zero3: bool) -> list[float]:
+    """Against the peak resident memory (VmHWM, summed over the node's ranks): every untraced shipped
+    CPU-offload run of ZeRO-3 (`zero3`) or of ZeRO-1/2, SuperOffload's left out."""
+    def wanted(record) -> bool:
+        s = record.candidate.strategy
+        return bool(record.result.peak_host_mem_gib and s is not None and not record.result.memory_traced
+                    and s.get("offload_optimizer", "none") != "none" and (s["zero_stage"] == 3) == zero3
+                    and not s.get("super_offload"))
+
+    return _host_errors(wanted, lambda result: result.peak_host_mem_gib)
 
 
 def test_zero12_offload_host_memory_of_the_shipped_runs_is_not_under_predicted():
