@@ -59,7 +59,7 @@ def cases(quick: bool, cpu: bool) -> list[tuple[str, int]]:
     return [(p, t) for p in PRESETS for t in tokens]
 
 
-def _architecture(preset: str, cpu: bool):
+def architecture(preset: str, cpu: bool):
     from models.architecture import load_architecture
 
     arch = load_architecture(preset)
@@ -73,7 +73,7 @@ def bench_layer(ctx: BenchContext, preset: str, tokens: int) -> dict:
     """Seconds of one block's forward and backward in each kernel class, averaged over iterations."""
     from calibration.harness.model import DecoderBlock, rope_tables
 
-    arch = _architecture(preset, not ctx.is_cuda)
+    arch = architecture(preset, not ctx.is_cuda)
     dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
     block = DecoderBlock(arch, None).to(ctx.device, dtype)
     cos, sin = rope_tables(torch.arange(tokens, device=ctx.device), arch.head_dim)

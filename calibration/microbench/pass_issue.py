@@ -1,0 +1,89 @@
+"""The host's time to issue a decoder layer's forward, its backward, and its backward when the layer is
+checkpointed (the recompute issued inside the backward), apart.
+
+Why measured: a GPU cannot run ahead into work the host has not issued yet, so whether a step waits on
+the host is decided pass by pass (`models.timing`), and that needs each pass's share of the host's
+time. The backward launches about two kernels for each of the forward's (the input's and the weight's
+gradient of every GEMM), and autograd visits every node; a checkpointed layer's backward first runs its
+forward again through DeepSpeed's checkpoint function. The profile keeps the two ratios to the
+forward's time (`overheads.backward_issue_ratio`, `overheads.recompute_issue_ratio`); the fit keeps
+the forward's time per layer (`overheads.layer_pass`) and the rest.
+
+A stack of harness decoder blocks runs at a few tokens, so that the GPU waits on the host throughout:
+a call's wall time is then the host's issue time (the backward call returns once autograd has issued
+its last kernel). On the CPU path the kernels run on the host as they are issued; the ratios are still
+measured there, and only the GPU's matter.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from functools import partial
+
+import torch
+
+from calibration.microbench.common import BenchContext, BenchItem
+
+PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "tinyllama-1.1b", "llama-2-7b")  # GQA 7:1, 6:1, 8:1 and MHA
+LAYERS = 8
+TOKENS = 16  # the GPU's work per kernel is a few microseconds: the host bounds every pass
+ROUNDS = 7
+
+
+def _checkpoint_fn():
+    """DeepSpeed's activation checkpointing, as the harness's training runs wrap their blocks."""
+    import deepspeed
+
+    return deepspeed.checkpointing.checkpoint
+
+
+def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
+    """Median host seconds per layer of the forward, the backward and the checkpointed backward."""
+    from calibration.harness.model import DecoderBlock, rope_tables
+    from calibration.microbench.layer import architecture
+
+    if ctx.local_rank != 0:
+        return {"ran": False}
+    arch = architecture(preset, not ctx.is_cuda)
+    dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
+    blocks = torch.nn.ModuleList(DecoderBlock(arch, None) for _ in range(LAYERS)).to(ctx.device, dtype)
+    cos, sin = rope_tables(torch.arange(TOKENS, device=ctx.device), arch.head_dim)
+    x = torch.randn(1, TOKENS, arch.hidden_size, device=ctx.device, dtype=dtype, requires_grad=True)
+    checkpoint = _checkpoint_fn()
+
+    def forward(checkpointed: bool):
+        h = x
+        for block in blocks:
+            h = checkpoint(partial(block, cos=cos, sin=sin), h) if checkpointed else block(h, cos, sin)
+        return h.float().sum()
+
+    def timed(checkpointed: bool) -> tuple[float, float]:
+        ctx.sync()
+        t0 = time.perf_counter()
+        loss = forward(checkpointed)
+        t1 = time.perf_counter()
+        ctx.sync()  # the backward starts as the forward's does, on an idle GPU
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        ctx.sync()
+        return t1 - t0, t3 - t2
+
+    for _ in range(3):
+        timed(False), timed(True)
+    # Plain and checkpointed alternate within a round: a host that drifts between rounds (lent hosts
+    # do, by tens of percent within minutes) moves both alike.
+    rounds = [(timed(False), timed(True)) for _ in range(ROUNDS)]
+    plain_f, plain_b = (statistics.median(r[0][i] for r in rounds) / LAYERS for i in (0, 1))
+    ckpt_f, ckpt_b = (statistics.median(r[1][i] for r in rounds) / LAYERS for i in (0, 1))
+    return {"ran": True, "preset": preset, "layers": LAYERS, "tokens": TOKENS,
+            "forward_s_per_layer": plain_f, "backward_s_per_layer": plain_b,
+            "checkpointed_forward_s_per_layer": ckpt_f, "checkpointed_backward_s_per_layer": ckpt_b,
+            "backward_ratio": statistics.median(r[0][1] / r[0][0] for r in rounds),
+            "checkpointed_forward_ratio": statistics.median(r[1][0] / r[0][0] for r in rounds),
+            "recompute_ratio": statistics.median((r[1][1] - r[0][1]) / r[0][0] for r in rounds)}
+
+
+def items(ctx: BenchContext) -> list[BenchItem]:
+    return [BenchItem(f"cpu/pass_issue/{preset}", "pass_issue", lambda c, p=preset: bench_pass_issue(c, p),
+                      label=f"host issue per pass, {preset} layers") for preset in PRESETS]
