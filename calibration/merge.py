@@ -9,7 +9,8 @@ headline values. The CPU optimizer on all cores: `host.cpu_adam` and `host.cores
 `host.cpu_adam_threads`; the parameter refresh
 against threads: `host.param_cast_threads`, `host.param_direct_upload_threads`; the GPU's power
 through waits after dense work: `power.gpu.wait_decay` (toward the profile's `wait`); the host's issue
-time: `host.issue_per_layer` (the issue constants then scale with it); attention at
+time: `host.issue_per_layer` (the issue constants then scale with it), and of each pass of a layer:
+`host.pass_issue`; attention at
 head dims besides 128: `gpu.attention_{fwd,bwd}_head_dim_ratio`; a decoder layer's elementwise
 kernels: `gpu.layer_elementwise`, and a ViT block's: `gpu.vision_elementwise` (both at the profile's HBM
 bandwidth). Sources name RAW.
@@ -53,7 +54,8 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
     for key, what in (("cpu_adam_threads", "the CPU optimizer against threads"),
                       ("param_cast_threads", "the parameter cast against threads"),
                       ("param_direct_upload_threads", "the direct parameter upload against threads"),
-                      ("issue_per_layer", "the host's issue time per layer")):
+                      ("issue_per_layer", "the host's issue time per layer"),
+                      ("pass_issue", "the host's issue time of each pass")):
         if host.get(key):
             data["host"][key] = relabel(host[key], f"{raw_path.name}, on {header.get('device')}: ")
             merged.append(what)
@@ -77,7 +79,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
         merged.append("attention's rate against head dim")
     if not merged:
         raise ValueError(f"{raw_path}: nothing to merge (collectives of two or more ranks, CPUAdam or the "
-                         "parameter refresh against threads, the host's issue time, the wait decay, attention at two head dims, "
+                         "parameter refresh against threads, the host's issue time (per layer or per pass), the wait decay, attention at two head dims, "
                          "decoder layers' or ViT blocks' elementwise kernels)")
     data["provenance"]["notes"] += (f" {'; '.join(merged).capitalize()} replaced by those measured in {raw_path.name} "
                                     f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "
@@ -89,7 +91,7 @@ def merged_profile(raw_path: str | Path, profile: str | Path) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("raw", help="raw JSONL of an `advisor calibrate --only collective` (or cpu_adam_threads, "
-                               "param_refresh, host_issue, wait_decay, attention, layer_elementwise, vision_elementwise) run")
+                               "param_refresh, host_issue, pass_issue, wait_decay, attention, layer_elementwise, vision_elementwise) run")
     p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
     p.add_argument("--out", help="where to write (default: over --into when it is a path)")
     args = p.parse_args(argv)

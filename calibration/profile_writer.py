@@ -258,6 +258,7 @@ class ProfileBuilder:
         issue_q = _q(issue[0]["us_per_layer"] * 1e-6, "s",
                      f"{'measured' if not self.cpu else 'measured on the CPU path'}: the host probe's issue time "
                      f"of a tiny layer's forward and backward, on {issue[0]['threads']} threads, median") if issue else None
+        passes = self.pass_issue()
         mem_q = None
         if mem:
             m = mem[0]
@@ -275,7 +276,27 @@ class ProfileBuilder:
             **({"cpu_adam_threads": threads_curve} if threads_curve else {}),  # optional: older calibrations lack it
             **refresh,  # optional, as the thread curve
             **({"issue_per_layer": issue_q} if issue_q else {}),  # optional, as the thread curve
+            **({"pass_issue": passes} if passes else {}),  # optional, as the thread curve
         }
+
+    def pass_issue(self) -> dict | None:
+        """`host.pass_issue`: each pass's issue time over the forward's, the median over the layers
+        measured (calibration.microbench.pass_issue); None where none was."""
+        rows = [r for r in self.family("pass_issue") if r.get("ran", True)]
+        if not rows:
+            return None
+        where = "measured" if not self.cpu else "measured on the CPU path"
+        presets = ", ".join(r["preset"] for r in rows)
+
+        def ratio(key: str, what: str) -> dict:
+            values = [r[key] for r in rows]
+            return _q(median(values), "ratio", f"{where}: {what} over the plain forward's, {rows[0]['layers']} "
+                      f"harness decoder layers at {rows[0]['tokens']} tokens, median of {presets} "
+                      f"({min(values):.2f}-{max(values):.2f})")
+
+        return {"backward": ratio("backward_ratio", "the backward's issue time"),
+                "checkpointed_forward": ratio("checkpointed_forward_ratio", "a checkpointed forward's issue time"),
+                "recompute": ratio("recompute_ratio", "what checkpointing adds to the backward's issue time")}
 
     def collective(self, op: str, scope: str, size: int, label: str) -> dict | None:
         rows = [r for r in self.family("collective") if r["op"] == op and r["scope"] == scope

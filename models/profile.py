@@ -54,6 +54,7 @@ Fraction = Annotated[Quantity, _unit("fraction")]
 GiB = Annotated[Quantity, _unit("GiB")]
 Bytes = Annotated[Quantity, _unit("bytes")]
 Count = Annotated[Quantity, _unit("count")]
+Ratio = Annotated[Quantity, _unit("ratio")]
 
 
 class Curve(_Strict):
@@ -171,6 +172,14 @@ class GpuSpec(_Strict):
         return fwd, bwd
 
 
+class PassIssue(_Strict):
+    """A decoder layer's host issue time in each pass, over the plain forward's (with autograd)."""
+
+    backward: Ratio  # the backward: about two kernels for each of the forward's, and autograd's walk
+    checkpointed_forward: Ratio  # a checkpointed layer's first forward, run without autograd
+    recompute: Ratio  # what a checkpointed layer adds to the backward: its forward again, and the checkpoint's own work
+
+
 class HostSpec(_Strict):
     cpu: str
     cores: Count
@@ -194,6 +203,10 @@ class HostSpec(_Strict):
     # calibration/harness/host_probe.py): its single-thread speed, which sets host-bound steps.
     # None in profiles calibrated before it was measured (the issue constants are then used as fitted).
     issue_per_layer: Seconds | None = None
+    # The host's time to issue a decoder layer's passes, over its forward's (calibration family
+    # pass_issue): a GPU waits on the host pass by pass (models.timing). None in profiles calibrated
+    # before it was measured: every pass then costs the forward's.
+    pass_issue: PassIssue | None = None
 
     def default_threads_per_rank(self, ranks_per_node) -> np.ndarray:
         """What the advisor's launch lines set: the cores shared evenly by the node's ranks."""
@@ -347,9 +360,9 @@ class Power(_Strict):
 class Overheads(_Strict):
     """DeepSpeed's own costs beyond bytes and FLOPs; fitted from short real runs.
 
-    `layer_pass` is the host's time to issue one layer's forward, backward or recompute
-    (kernel launches, autograd, DeepSpeed's hooks): a GPU whose work per micro-step is
-    shorter than the host's waits for it. The offload terms are per billion parameters
+    `layer_pass` is the host's time to issue one layer's forward (kernel launches, autograd,
+    DeepSpeed's hooks); its backward and a checkpointed layer's passes take the measured ratios of
+    `HostSpec.pass_issue`. A GPU whose work in a pass is shorter than the host's waits for it. The offload terms are per billion parameters
     stepped on the CPU, synchronous and SuperOffload apart, since their code paths differ; the
     synchronous path's `offload_step_serial_per_gparam` is the part that does not speed up with
     threads (one Python thread), fitted from runs at 1 and 16 threads.

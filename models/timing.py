@@ -383,14 +383,22 @@ class _Overhead:
     hook_gaps: np.ndarray
 
 
+@dataclass(frozen=True)
+class _PassSeconds:
+    """GPU seconds of a micro-step's passes, communication beside them included."""
+
+    forward: np.ndarray
+    backward: np.ndarray  # a micro-step that does not end the accumulation
+    last_backward: np.ndarray  # the one that does
+
+
 def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, b: StrategyBatch, lay: Layout,
-                          profile: HardwareProfile, normal_gpu_s, last_gpu_s) -> _Overhead:
+                          profile: HardwareProfile, gpu: _PassSeconds) -> _Overhead:
     """DeepSpeed's fixed per-step and per-micro-step costs and its host-side offload work; and apart,
-    the host's issue time where it outlasts the GPU's work."""
+    the host's issue time where it outlasts the GPU's work, pass by pass."""
     ov = profile.overheads
     ga = b.grad_accum.astype(float)
     per_node = profile.gpus_per_node.value
-    passes = np.where(lay.z3, ps.forward_modules + ps.backward_modules + ps.recompute_modules, 0.0)
     offload_per_gparam = np.where(b.super_offload, ov.super_offload_step_per_gparam.value,
                                   ov.offload_step_per_gparam.value)
     # DeepSpeed's host-side offload work (gradient norm and clipping, casts, copies into pinned
@@ -412,12 +420,17 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     per_tensor = (np.where(~lay.z3 & ~lay.optimizer_offload, ov.step_per_tensor.value, 0.0)
                   + np.where(lay.z12 & ~lay.optimizer_offload, ov.zero12_step_per_tensor.value, 0.0))
     overhead = overhead + profile.host_issue_scale * per_tensor * ps.trainable_tensors
-    # The host issues each layer's work asynchronously; when a micro-step's GPU work is
-    # shorter than the host's issue time, the GPU waits for the host (small models, short
-    # sequences): that wait is exposed, the rest of the issue time hides behind the GPU.
+    # The host issues each layer's work asynchronously; when a pass's GPU work is shorter than the
+    # host's issue time for it, the GPU waits for the host (small models, short sequences): that
+    # wait is exposed, the rest of the issue time hides behind the GPU. The forward and the backward
+    # are taken apart: the GPU cannot run ahead into a backward the host has not issued, so a
+    # host-bound forward is not hidden by a GPU-bound backward. Each pass costs the host its share of
+    # the forward's time per layer (`layer_pass`), as the profile's calibration measured it
+    # (`HostSpec.pass_issue`): the backward about one and a half times it, a checkpointed layer's
+    # forward less (no autograd) and its recompute, issued in the backward, more.
     # Only decoder layers count: on H200 the vision tower (frozen or trained, batched over
     # frame groups) added no host-bound time to an otherwise identical run.
-    layer_passes = 2 * workload.arch.num_layers + work.checkpointed_layers
+    layers = workload.arch.num_layers
     # ZeRO-3's fetch/release hooks and ZeRO-1/2's gradient hooks run on the same host thread that
     # issues the kernels. Under ZeRO-3 on several GPUs the host also waits on fetch and reduce
     # events, so part of the shorter of the two does not overlap.
@@ -427,23 +440,32 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # `reduce_ready_partitions_and_remove_grads`; on H200, TinyLlama 1k at four micro-batches took
     # 0.36 s under ZeRO-1 and 0.68 s under ZeRO-2, at one micro-batch 0.20 and 0.19 s).
     scale = profile.host_issue_scale
-    module_hooks = scale * passes * ov.zero3_module_pass.value
-    issue = scale * ov.layer_pass.value * layer_passes + module_hooks
-    hooks = scale * ps.backward_modules * ov.zero12_grad_hook.value
-    issue_normal = issue + np.where(lay.zero_stage == 2, hooks, 0.0)
-    issue_last = issue + np.where(lay.z12, hooks, 0.0)
+    z3_hooks = np.where(lay.z3, 1.0, 0.0) * scale * ov.zero3_module_pass.value
+    hooks_f = z3_hooks * ps.forward_modules
+    hooks_b = z3_hooks * (ps.backward_modules + ps.recompute_modules)
+    ratios = profile.host.pass_issue
+    backward, checkpointed_forward, recompute = ((ratios.backward.value, ratios.checkpointed_forward.value,
+                                                  ratios.recompute.value) if ratios else (1.0, 1.0, 1.0))
+    checkpointed = work.checkpointed_layers
+    issue_f = scale * ov.layer_pass.value * (layers - checkpointed + checkpointed_forward * checkpointed) + hooks_f
+    issue_b = scale * ov.layer_pass.value * (backward * layers + recompute * checkpointed) + hooks_b
+    grad_hooks = scale * ps.backward_modules * ov.zero12_grad_hook.value
+    issue_b_normal = issue_b + np.where(lay.zero_stage == 2, grad_hooks, 0.0)
+    issue_b_last = issue_b + np.where(lay.z12, grad_hooks, 0.0)
     serial = np.where(lay.z3 & (b.gpus > 1), ov.zero3_host_serial.value, 0.0)
 
     def exposed(gpu_s, host_s):
         return _host_wait(host_s, gpu_s) + serial * np.minimum(host_s, gpu_s)
 
-    wait_normal, wait_last = exposed(normal_gpu_s, issue_normal), exposed(last_gpu_s, issue_last)
-
+    wait_f = exposed(gpu.forward, issue_f)
+    wait_b_normal, wait_b_last = exposed(gpu.backward, issue_b_normal), exposed(gpu.last_backward, issue_b_last)
     # The waits split between the issue's parts as the host's time does.
-    hook_wait = ((ga - 1.0) * wait_normal * divide_or_zero(module_hooks, issue_normal)
-                 + wait_last * divide_or_zero(module_hooks, issue_last))
-    return _Overhead(step_s=overhead, issue_wait_s=(ga - 1.0) * wait_normal + wait_last, hook_wait_s=hook_wait,
-                     hook_gaps=ga * passes)
+    hook_wait = (ga * wait_f * divide_or_zero(hooks_f, issue_f)
+                 + (ga - 1.0) * wait_b_normal * divide_or_zero(hooks_b, issue_b_normal)
+                 + wait_b_last * divide_or_zero(hooks_b, issue_b_last))
+    passes = np.where(lay.z3, ps.forward_modules + ps.backward_modules + ps.recompute_modules, 0.0)
+    return _Overhead(step_s=overhead, issue_wait_s=ga * wait_f + (ga - 1.0) * wait_b_normal + wait_b_last,
+                     hook_wait_s=hook_wait, hook_gaps=ga * passes)
 
 
 def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
@@ -471,9 +493,8 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     wbl = _overlap(profile, c_b, coll.last_backward, copies.last_backward, b.overlap_comm)
 
     opt = _optimizer(profile, b, lay, c_b + wbl.extra)
-    normal_gpu = c_f + c_b + wf.extra + wbn.extra
-    last_gpu = c_f + c_b + wf.extra + wbl.extra
-    host = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, normal_gpu, last_gpu)
+    gpu = _PassSeconds(forward=c_f + wf.extra, backward=c_b + wbn.extra, last_backward=c_b + wbl.extra)
+    host = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, gpu)
 
     phases = {
         "compute": ga * (ct["gemm_f"] + ct["gemm_b"]) + z,
