@@ -3,6 +3,10 @@ one, and used by the cost model to decide, pass by pass, whether the GPU waits o
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,3 +115,17 @@ def test_profiles_without_the_measurement_charge_every_pass_alike():
     workload, strategy = Workload(load_architecture("qwen2.5-0.5b"), 512), Strategy(gpus=1, zero_stage=2)
     assert predict(workload, strategy, bare).step_time_s == pytest.approx(
         predict(workload, strategy, _with_passes(h200, 1.0, 1.0, 1.0)).step_time_s)
+
+
+@pytest.mark.slow
+def test_the_zero3_benchmark_times_each_pass_under_both_stages_on_the_cpu_path(tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "z3.json"
+    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "zero3_pass_issue.py"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "MASTER_PORT": "29641"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["stage"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {0, 3}
+    for r in rows.values():
+        assert r["checkpointed_backward_ms"] > r["backward_ms"] > 0 and r["forward_ms"] > 0
+    assert rows[3]["forward_ms"] > rows[0]["forward_ms"]  # ZeRO-3's fetch and release hooks
