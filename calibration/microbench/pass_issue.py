@@ -85,5 +85,8 @@ def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
 
 
 def items(ctx: BenchContext) -> list[BenchItem]:
+    from calibration.microbench.layer import CPU_SHAPES
+
+    presets = PRESETS if ctx.is_cuda else tuple(CPU_SHAPES)  # the CPU path's tiny layers stand in
     return [BenchItem(f"cpu/pass_issue/{preset}", "pass_issue", lambda c, p=preset: bench_pass_issue(c, p),
-                      label=f"host issue per pass, {preset} layers") for preset in PRESETS]
+                      label=f"host issue per pass, {preset} layers") for preset in presets]
