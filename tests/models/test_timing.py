@@ -12,7 +12,7 @@ from models.flops import micro_step_work
 from models.params import LLM_MODULES_PER_LAYER, count_params
 from models.predict import predict, predict_batch
 from models.strategy import Strategy
-from models.profile import parse_profile
+from models.profile import load_profile, parse_profile
 from models.timing import PHASES, _overlap, bus_factor, collective_s
 from models.workload import Workload
 
@@ -354,8 +354,7 @@ def test_zero3s_hook_waits_are_the_hooks_share_of_the_issue_wait_in_one_gap_a_mo
     assert float(t.hook_gaps[0]) == 2 * 2 * c.modules_llm  # forward and backward, two micro-steps
     # layer passes that take the host as long as the hooks, in each pass alike: half of the wait is the hooks'
     layers = small.arch.num_layers
-    half = _with({**hooks_only, "overheads.layer_pass": 1e-3 * c.modules_llm / layers})
-    half = half.model_copy(update={"host": half.host.model_copy(update={"pass_issue": None})})
+    half = _with({**hooks_only, "overheads.layer_pass": 1e-3 * c.modules_llm / layers, "host.pass_issue": None})
     t = _step_timing(Strategy(zero_stage=3), half, small)
     assert float(t.hook_wait_s[0]) == pytest.approx(0.5 * float(t.host_issue_wait_s[0]))
     z2 = _step_timing(Strategy(zero_stage=2), half, small)
@@ -598,3 +597,46 @@ def test_a_run_is_predicted_on_the_host_its_probe_measured():
     on_it = p.on_host(130e-6)
     assert on_it.host_issue_scale == pytest.approx(1.3)
     assert on_it.overheads == p.overheads and on_it.gpu == p.gpu
+
+
+def _with_passes(base: dict, backward: float, checkpointed_forward: float, recompute: float):
+    """h200 with `base`'s constants replaced and the given pass ratios (`host.pass_issue`)."""
+    ratio = lambda v: {"value": v, "unit": "ratio", "source": "test"}  # noqa: E731
+    passes = {"backward": ratio(backward), "checkpointed_forward": ratio(checkpointed_forward),
+              "recompute": ratio(recompute)}
+    return profile_with({**base, "host.pass_issue": passes}, base="h200")
+
+
+def test_a_host_bound_forward_is_not_hidden_by_a_gpu_bound_backward():
+    """The same host time a micro-step, split between the passes three ways: the GPU's backward is
+    twice its forward, so the more of the host's time falls in the forward, the longer the GPU waits."""
+    workload, strategy = Workload(load_architecture("qwen2.5-0.5b"), 4096), Strategy(gpus=1, zero_stage=0)
+    total = 2 * load_profile("h200").overheads.layer_pass.value  # a forward and a backward per layer, before the split
+
+    def wait_s(backward):
+        profile = _with_passes({"overheads.layer_pass": total / (1 + backward)}, backward, 1.0, 1.0)
+        return _phases(strategy, profile, workload)["deepspeed_overhead"]
+
+    assert wait_s(0.5) > wait_s(1.0) > wait_s(2.0)
+
+
+def test_checkpointing_charges_its_measured_share_of_the_forward():
+    h200 = load_profile("h200")
+    workload = Workload(load_architecture("qwen2.5-0.5b"), 256)  # all host
+    plain, checkpointed = Strategy(gpus=1, zero_stage=0), Strategy(gpus=1, zero_stage=0, checkpoint_every=1)
+    layers, layer_pass = workload.arch.num_layers, h200.overheads.layer_pass.value * h200.host_issue_scale
+
+    def added_s(backward, checkpointed_forward, recompute):
+        profile = _with_passes({}, backward, checkpointed_forward, recompute)
+        return (_phases(checkpointed, profile, workload)["deepspeed_overhead"]
+                - _phases(plain, profile, workload)["deepspeed_overhead"])
+
+    # recompute 2x and the first forward free of autograd (0.5x): 1.5 more forward passes
+    np.testing.assert_allclose(added_s(1.5, 0.5, 2.0) - added_s(1.5, 1.0, 1.0), 0.5 * layers * layer_pass, rtol=0.1)
+
+
+def test_profiles_without_the_measurement_charge_every_pass_alike():
+    bare = profile_with({"host.pass_issue": None}, base="h200")
+    workload, strategy = Workload(load_architecture("qwen2.5-0.5b"), 512), Strategy(gpus=1, zero_stage=2)
+    assert predict(workload, strategy, bare).step_time_s == pytest.approx(
+        predict(workload, strategy, _with_passes({}, 1.0, 1.0, 1.0)).step_time_s)
