@@ -18,7 +18,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-LAYERS, TOKENS, ROUNDS = 8, 16, 7
+from calibration.microbench.pass_issue import LAYERS, TOKENS, interleaved_pass_rounds  # noqa: E402
 
 
 class Stack(torch.nn.Module):
@@ -76,24 +75,11 @@ def passes_ms_per_layer(stage: int, arch, device, sync) -> dict:
     cos, sin = rope_tables(torch.arange(TOKENS, device=device), arch.head_dim)
     x = torch.randn(1, TOKENS, arch.hidden_size, device=device, dtype=dtype, requires_grad=True)
 
-    def timed(checkpointed: bool) -> tuple[float, float]:
+    def forward(checkpointed: bool) -> torch.Tensor:
         engine.module.checkpointed = checkpointed
-        sync()
-        t0 = time.perf_counter()
-        loss = engine(x, cos, sin)
-        t1 = time.perf_counter()
-        sync()
-        t2 = time.perf_counter()
-        engine.backward(loss)
-        t3 = time.perf_counter()
-        sync()
-        engine.step()
-        sync()
-        return t1 - t0, t3 - t2
+        return engine(x, cos, sin)
 
-    for _ in range(3):
-        timed(False), timed(True)
-    rounds = [(timed(False), timed(True)) for _ in range(ROUNDS)]
+    rounds = interleaved_pass_rounds(forward, engine.backward, sync, after=engine.step)
     engine.destroy()
 
     def ms(which: int, part: int) -> float:

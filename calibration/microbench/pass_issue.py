@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 from functools import partial
+from typing import Callable
 
 import torch
 
@@ -37,8 +38,39 @@ def _checkpoint_fn():
     return deepspeed.checkpointing.checkpoint
 
 
+Round = tuple[tuple[float, float], tuple[float, float]]  # (forward s, backward s): plain, then checkpointed
+
+
+def interleaved_pass_rounds(forward: Callable[[bool], torch.Tensor], backward: Callable[[torch.Tensor], None],
+                            sync: Callable[[], None], after: Callable[[], None] = lambda: None) -> list[Round]:
+    """The host's seconds in the forward call (`forward(checkpointed)` returns the loss) and in the
+    backward call, each started on an idle GPU, plain and checkpointed, over ROUNDS rounds after a
+    warm-up. `after` runs untimed once the backward's work is done (an optimizer step, say).
+
+    Plain and checkpointed alternate within a round: a host that drifts between rounds (lent hosts
+    do, by tens of percent within minutes) moves both alike."""
+    def timed(checkpointed: bool) -> tuple[float, float]:
+        sync()
+        t0 = time.perf_counter()
+        loss = forward(checkpointed)
+        t1 = time.perf_counter()
+        sync()  # the backward starts as the forward's does, on an idle GPU
+        t2 = time.perf_counter()
+        backward(loss)
+        t3 = time.perf_counter()
+        sync()
+        after()
+        sync()
+        return t1 - t0, t3 - t2
+
+    for _ in range(3):
+        timed(False), timed(True)
+    return [(timed(False), timed(True)) for _ in range(ROUNDS)]
+
+
 def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
-    """Median host seconds per layer of the forward, the backward and the checkpointed backward."""
+    """Median host seconds per layer of the forward and the backward, plain and checkpointed, and each
+    pass's ratio to the plain forward (the profile's `host.pass_issue`)."""
     from calibration.harness.model import DecoderBlock, rope_tables
     from calibration.microbench.layer import architecture
 
@@ -57,23 +89,7 @@ def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
             h = checkpoint(partial(block, cos=cos, sin=sin), h) if checkpointed else block(h, cos, sin)
         return h.float().sum()
 
-    def timed(checkpointed: bool) -> tuple[float, float]:
-        ctx.sync()
-        t0 = time.perf_counter()
-        loss = forward(checkpointed)
-        t1 = time.perf_counter()
-        ctx.sync()  # the backward starts as the forward's does, on an idle GPU
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        ctx.sync()
-        return t1 - t0, t3 - t2
-
-    for _ in range(3):
-        timed(False), timed(True)
-    # Plain and checkpointed alternate within a round: a host that drifts between rounds (lent hosts
-    # do, by tens of percent within minutes) moves both alike.
-    rounds = [(timed(False), timed(True)) for _ in range(ROUNDS)]
+    rounds = interleaved_pass_rounds(forward, lambda loss: loss.backward(), ctx.sync)
     plain_f, plain_b = (statistics.median(r[0][i] for r in rounds) / LAYERS for i in (0, 1))
     ckpt_f, ckpt_b = (statistics.median(r[1][i] for r in rounds) / LAYERS for i in (0, 1))
     return {"ran": True, "preset": preset, "layers": LAYERS, "tokens": TOKENS,
