@@ -98,16 +98,22 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from calibration.microbench.layer import architecture
+    from calibration.microbench.layer import CPU_SHAPES, architecture
+    from models.architecture import ModelConfigError
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    try:
+        arch = architecture(args.preset, not cuda)
+    except ModelConfigError as exc:
+        p.error(str(exc))
+    except KeyError:
+        p.error(f"the CPU path has tiny layers for {', '.join(CPU_SHAPES)} only, not {args.preset!r}")
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": os.environ.get("MASTER_PORT", "29517")}.items():
         os.environ.setdefault(key, value)
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
-    arch = architecture(args.preset, not cuda)
     rows = [passes_ms_per_layer(stage, arch, device, sync) for stage in (0, 3)]
     table = Table(title=f"host ms a layer, {LAYERS} {args.preset} layers at {TOKENS} tokens, "
                         f"{torch.get_num_threads()} threads, {'GPU' if cuda else 'CPU path'}")
