@@ -25,7 +25,7 @@ import torch.distributed as dist
 from calibration import FAMILIES, environment
 from calibration.meters import EnergyMonitor
 from calibration.microbench import (collectives, compute, cpu, hostlink, layer, memory, overlap, param_refresh, pass_issue,
-                                    power, wait_decay)
+                                    power, wait_decay, zero3_hooks)
 from calibration.microbench.common import BenchContext, BenchItem, Skip, gather_objects, sizes_for
 from calibration.profile_writer import MissingMeasurements, build_profile
 from calibration.rawlog import RawLog, RawResult, now_iso, raw_path_for
@@ -62,7 +62,7 @@ class CalibrationResult:
 def plan(ctx: BenchContext, only: tuple[str, ...] = ()) -> list[BenchItem]:
     """Every benchmark in run order: cold idle power first, the other power phases last."""
     items = [power.item("idle")]
-    for module in (compute, layer, hostlink, cpu, pass_issue, param_refresh, collectives, memory, overlap, power, wait_decay):
+    for module in (compute, layer, hostlink, cpu, pass_issue, zero3_hooks, param_refresh, collectives, memory, overlap, power, wait_decay):
         items += module.items(ctx)
     return [i for i in items if not only or i.family in only]
 

@@ -145,8 +145,9 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
         param_direct_upload_threads=None,
         issue_per_layer=None,  # a core's single-thread speed too: the issue constants stay the reference's, unscaled
     )
-    if host.get("pass_issue"):  # each pass's share of the host's work: torch's and DeepSpeed's code, no datasheet figure
-        host["pass_issue"] = {k: carried(v) for k, v in host["pass_issue"].items()}
+    for key in ("pass_issue", "zero3_hook_pass"):  # each pass's share of the host's work: torch's and DeepSpeed's code, no datasheet figure
+        if host.get(key):
+            host[key] = {k: carried(v) for k, v in host[key].items()}
     intra = {op: _scaled_collective(ref["intra_node"][op], sheet.gpu_link.value / ref_sheet.gpu_link.value,
                                     f"derived: {origin}'s intra-node {op} x {sheet.gpu_link.value / ref_sheet.gpu_link.value:.4g}, "
                                     f"the datasheet ratio of GPU links ({sheet.gpu_link.value:.4g} / {ref_sheet.gpu_link.value:.4g} bytes/s)", origin)

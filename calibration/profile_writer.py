@@ -259,6 +259,7 @@ class ProfileBuilder:
                      f"{'measured' if not self.cpu else 'measured on the CPU path'}: the host probe's issue time "
                      f"of a tiny layer's forward and backward, on {issue[0]['threads']} threads, median") if issue else None
         passes = self.pass_issue()
+        hooks = self.zero3_hook_pass()
         mem_q = None
         if mem:
             m = mem[0]
@@ -277,26 +278,35 @@ class ProfileBuilder:
             **refresh,  # optional, as the thread curve
             **({"issue_per_layer": issue_q} if issue_q else {}),  # optional, as the thread curve
             **({"pass_issue": passes} if passes else {}),  # optional, as the thread curve
+            **({"zero3_hook_pass": hooks} if hooks else {}),  # optional, as the thread curve
         }
 
     def pass_issue(self) -> dict | None:
         """`host.pass_issue`: each pass's issue time over the forward's, the median over the layers
         measured (calibration.microbench.pass_issue); None where none was."""
-        rows = [r for r in self.family("pass_issue") if r.get("ran", True)]
+        return self._pass_ratios("pass_issue", "harness decoder layers", "issue time")
+
+    def zero3_hook_pass(self) -> dict | None:
+        """`host.zero3_hook_pass`: ZeRO-3's hooks in each pass over the forward's, the median over the
+        layers measured (calibration.microbench.zero3_hooks); None where none was."""
+        return self._pass_ratios("zero3_hooks", "harness decoder layers in a DeepSpeed engine", "ZeRO-3 hooks' time")
+
+    def _pass_ratios(self, family: str, layers: str, what: str) -> dict | None:
+        rows = [r for r in self.family(family) if r.get("ran", True)]
         if not rows:
             return None
         where = "measured" if not self.cpu else "measured on the CPU path"
         presets = ", ".join(r["preset"] for r in rows)
 
-        def ratio(key: str, what: str) -> dict:
+        def ratio(key: str, which: str) -> dict:
             values = [r[key] for r in rows]
-            return _q(median(values), "ratio", f"{where}: {what} over the plain forward's, {rows[0]['layers']} "
-                      f"harness decoder layers at {rows[0]['tokens']} tokens, median of {presets} "
+            return _q(median(values), "ratio", f"{where}: {which} over the plain forward's, {rows[0]['layers']} "
+                      f"{layers} at {rows[0]['tokens']} tokens, median of {presets} "
                       f"({min(values):.2f}-{max(values):.2f})")
 
-        return {"backward": ratio("backward_ratio", "the backward's issue time"),
-                "checkpointed_forward": ratio("checkpointed_forward_ratio", "a checkpointed forward's issue time"),
-                "recompute": ratio("recompute_ratio", "what checkpointing adds to the backward's issue time")}
+        return {"backward": ratio("backward_ratio", f"the backward's {what}"),
+                "checkpointed_forward": ratio("checkpointed_forward_ratio", f"a checkpointed forward's {what}"),
+                "recompute": ratio("recompute_ratio", f"what checkpointing adds to the backward's {what}")}
 
     def collective(self, op: str, scope: str, size: int, label: str) -> dict | None:
         rows = [r for r in self.family("collective") if r["op"] == op and r["scope"] == scope

@@ -207,6 +207,10 @@ class HostSpec(_Strict):
     # pass_issue): a GPU waits on the host pass by pass (models.timing). None in profiles calibrated
     # before it was measured: every pass then costs the forward's.
     pass_issue: PassIssue | None = None
+    # ZeRO-3's fetch and release hooks in each pass, over the plain forward's (calibration family
+    # zero3_hooks): a checkpointed forward runs without autograd, so its hooks register no backward
+    # hooks. None in profiles calibrated before it was measured: every pass then costs the forward's.
+    zero3_hook_pass: PassIssue | None = None
 
     def default_threads_per_rank(self, ranks_per_node) -> np.ndarray:
         """What the advisor's launch lines set: the cores shared evenly by the node's ranks."""

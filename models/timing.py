@@ -392,6 +392,13 @@ class _PassSeconds:
     last_backward: np.ndarray  # the one that does
 
 
+def _pass_ratios(ratios) -> tuple[float, float, float]:
+    """(backward, checkpointed forward, recompute) over the plain forward; 1 each where not measured."""
+    if ratios is None:
+        return 1.0, 1.0, 1.0
+    return ratios.backward.value, ratios.checkpointed_forward.value, ratios.recompute.value
+
+
 def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, b: StrategyBatch, lay: Layout,
                           profile: HardwareProfile, gpu: _PassSeconds) -> _Overhead:
     """DeepSpeed's fixed per-step and per-micro-step costs and its host-side offload work; and apart,
@@ -440,13 +447,12 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # `reduce_ready_partitions_and_remove_grads`; on H200, TinyLlama 1k at four micro-batches took
     # 0.36 s under ZeRO-1 and 0.68 s under ZeRO-2, at one micro-batch 0.20 and 0.19 s).
     scale = profile.host_issue_scale
-    z3_hooks = np.where(lay.z3, 1.0, 0.0) * scale * ov.zero3_module_pass.value
-    hooks_f = z3_hooks * ps.forward_modules
-    hooks_b = z3_hooks * (ps.backward_modules + ps.recompute_modules)
-    ratios = profile.host.pass_issue
-    backward, checkpointed_forward, recompute = ((ratios.backward.value, ratios.checkpointed_forward.value,
-                                                  ratios.recompute.value) if ratios else (1.0, 1.0, 1.0))
     checkpointed = work.checkpointed_layers
+    hook_b, hook_cf, hook_r = _pass_ratios(profile.host.zero3_hook_pass)
+    z3_hooks = np.where(lay.z3, 1.0, 0.0) * scale * ov.zero3_module_pass.value
+    hooks_f = z3_hooks * (ps.forward_modules - (1.0 - hook_cf) * ps.recompute_modules)
+    hooks_b = z3_hooks * (hook_b * ps.backward_modules + hook_r * ps.recompute_modules)
+    backward, checkpointed_forward, recompute = _pass_ratios(profile.host.pass_issue)
     issue_f = scale * ov.layer_pass.value * (layers - checkpointed + checkpointed_forward * checkpointed) + hooks_f
     issue_b = scale * ov.layer_pass.value * (backward * layers + recompute * checkpointed) + hooks_b
     grad_hooks = scale * ps.backward_modules * ov.zero12_grad_hook.value

@@ -55,6 +55,8 @@ def test_quick_cpu_profile_loads_and_says_it_is_a_cpu_profile(interrupted_then_f
     assert p.host.cpu_adam_threads.x == [float(t) for t in thread_counts(host_cores())]  # 1, 2, 4, ... all cores
     assert 0 < p.host.issue_per_layer.value < 1e-2 and "issue time" in p.host.issue_per_layer.source
     assert p.host.pass_issue.backward.value > 0 and "measured on the CPU path" in p.host.pass_issue.recompute.source
+    assert p.host.zero3_hook_pass.checkpointed_forward.value > 0
+    assert "measured on the CPU path" in p.host.zero3_hook_pass.recompute.source
     assert p.intra_node.all_reduce.group_size_measured.value == 1
     assert out.with_name("cpu.raw.jsonl").exists()
 

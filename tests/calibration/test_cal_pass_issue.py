@@ -1,5 +1,5 @@
 """The host's issue time pass by pass: measured on the CPU path, written into a profile and merged into
-one (the cost model's use of it: tests/models/test_timing.py), and ZeRO-3's hooks pass by pass."""
+one (the cost model's use of it: tests/models/test_timing.py)."""
 from __future__ import annotations
 
 import json
@@ -57,17 +57,3 @@ def test_the_profile_keeps_the_median_ratio_of_each_pass_and_a_merge_replaces_on
     assert merged.host.pass_issue.recompute.value == 2.2
     assert "passes.raw.jsonl" in merged.host.pass_issue.recompute.source
     assert merged.gpu.gemm_bf16 == parse_profile(base).gpu.gemm_bf16  # the rest is kept
-
-
-@pytest.mark.slow
-def test_the_zero3_benchmark_times_each_pass_under_both_stages_on_the_cpu_path(tmp_path):
-    repo = Path(__file__).resolve().parents[2]
-    out = tmp_path / "z3.json"
-    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "zero3_pass_issue.py"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "MASTER_PORT": "29641"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = {r["stage"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {0, 3}
-    for r in rows.values():
-        assert r["checkpointed_backward_ms"] > r["backward_ms"] > 0 and r["forward_ms"] > 0
-    assert rows[3]["forward_ms"] > rows[0]["forward_ms"]  # ZeRO-3's fetch and release hooks

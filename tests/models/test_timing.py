@@ -599,12 +599,12 @@ def test_a_run_is_predicted_on_the_host_its_probe_measured():
     assert on_it.overheads == p.overheads and on_it.gpu == p.gpu
 
 
-def _with_passes(base: dict, backward: float, checkpointed_forward: float, recompute: float):
-    """h200 with `base`'s constants replaced and the given pass ratios (`host.pass_issue`)."""
+def _with_passes(base: dict, backward: float, checkpointed_forward: float, recompute: float, key="host.pass_issue"):
+    """h200 with `base`'s constants replaced and the given pass ratios (`host.pass_issue`, or under `key`)."""
     ratio = lambda v: {"value": v, "unit": "ratio", "source": "test"}  # noqa: E731
     passes = {"backward": ratio(backward), "checkpointed_forward": ratio(checkpointed_forward),
               "recompute": ratio(recompute)}
-    return profile_with({**base, "host.pass_issue": passes}, base="h200")
+    return profile_with({**base, key: passes}, base="h200")
 
 
 def test_a_host_bound_forward_is_not_hidden_by_a_gpu_bound_backward():
@@ -640,3 +640,32 @@ def test_profiles_without_the_measurement_charge_every_pass_alike():
     workload, strategy = Workload(load_architecture("qwen2.5-0.5b"), 512), Strategy(gpus=1, zero_stage=2)
     assert predict(workload, strategy, bare).step_time_s == pytest.approx(
         predict(workload, strategy, _with_passes({}, 1.0, 1.0, 1.0)).step_time_s)
+
+
+def test_zero3_hooks_charge_each_pass_its_measured_share_of_the_forwards():
+    """All host (256 tokens): a checkpointed forward's hooks at half the plain forward's take half a
+    forward's hooks a layer off the checkpointed step, and nothing off the plain one; the recompute's
+    and the backward's ratios add theirs."""
+    h200 = load_profile("h200")
+    workload = Workload(load_architecture("qwen2.5-0.5b"), 256)
+    plain, checkpointed = Strategy(gpus=1, zero_stage=3), Strategy(gpus=1, zero_stage=3, checkpoint_every=1)
+    layers = workload.arch.num_layers
+    hooks_per_layer_s = LLM_MODULES_PER_LAYER * h200.overheads.zero3_module_pass.value * h200.host_issue_scale
+
+    def host_s(strategy, backward, checkpointed_forward, recompute):
+        profile = _with_passes({}, backward, checkpointed_forward, recompute, key="host.zero3_hook_pass")
+        return _phases(strategy, profile, workload)["deepspeed_overhead"]
+
+    assert host_s(plain, 1.0, 0.5, 1.0) == pytest.approx(host_s(plain, 1.0, 1.0, 1.0))
+    np.testing.assert_allclose(host_s(checkpointed, 1.0, 1.0, 1.0) - host_s(checkpointed, 1.0, 0.5, 1.0),
+                               0.5 * layers * hooks_per_layer_s, rtol=0.05)
+    np.testing.assert_allclose(host_s(checkpointed, 1.0, 1.0, 1.5) - host_s(checkpointed, 1.0, 1.0, 1.0),
+                               0.5 * layers * hooks_per_layer_s, rtol=0.05)
+    assert host_s(plain, 1.5, 1.0, 1.0) > host_s(plain, 1.0, 1.0, 1.0)
+
+
+def test_profiles_without_the_hook_measurement_charge_every_pass_a_forwards_hooks():
+    bare = profile_with({"host.zero3_hook_pass": None}, base="h200")
+    workload, strategy = Workload(load_architecture("qwen2.5-0.5b"), 512), Strategy(gpus=1, zero_stage=3, checkpoint_every=1)
+    assert predict(workload, strategy, bare).step_time_s == pytest.approx(
+        predict(workload, strategy, _with_passes({}, 1.0, 1.0, 1.0, key="host.zero3_hook_pass")).step_time_s)

@@ -1,0 +1,163 @@
+"""ZeRO-3's fetch and release hooks on the host, pass by pass: what they cost in the backward, in a
+checkpointed layer's first forward and in its recompute, each over what they cost in a plain forward.
+
+Why measured: ZeRO-3 runs a Python hook before and after every module's forward and backward, on the
+thread that issues the kernels, and host-bound ZeRO-3 steps wait on it (`models.timing`). A
+checkpointed layer's first forward runs without autograd, so its hooks register no backward hooks on
+its outputs; its recompute runs them again inside the backward. Real steps showed it: charged one
+forward's hooks for every pass, host-bound ZeRO-3 steps with checkpointing were over-predicted where
+those without were under-predicted. The profile keeps the three ratios (`host.zero3_hook_pass`); the
+fit keeps a forward's hooks per module (`overheads.zero3_module_pass`).
+
+A stack of harness decoder blocks runs inside a DeepSpeed engine at a few tokens, so the GPU waits on
+the host throughout, once under ZeRO-0 and once under ZeRO-3: a pass's hooks are the difference. The
+engine needs a process group of its own (one rank), so each preset runs in a child process, as
+
+    python -m calibration.microbench.zero3_hooks PRESET
+
+which prints one JSON line. On the CPU path (gloo) tiny layers stand in; the ratios are measured
+there too, and only the GPU's matter.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from functools import partial
+
+import torch
+
+from calibration.microbench.common import BenchContext, BenchItem
+from calibration.microbench.pass_issue import LAYERS, PRESETS, TOKENS, interleaved_pass_rounds
+
+PASSES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward")
+CHILD_TIMEOUT_S = 900  # a first DeepSpeed import and two engines; minutes on a cold host
+
+
+class Stack(torch.nn.Module):
+    """Harness decoder blocks, every one checkpointed (DeepSpeed's checkpoint) when `checkpointed`."""
+
+    def __init__(self, arch):
+        from calibration.harness.model import DecoderBlock
+
+        super().__init__()
+        self.layers = torch.nn.ModuleList(DecoderBlock(arch, None) for _ in range(LAYERS))
+        self.checkpointed = False
+
+    def forward(self, x, cos, sin):
+        import deepspeed
+
+        for layer in self.layers:
+            x = (deepspeed.checkpointing.checkpoint(partial(layer, cos=cos, sin=sin), x) if self.checkpointed
+                 else layer(x, cos, sin))
+        return x.float().sum()
+
+
+def _engine(stage: int, arch, device: torch.device):
+    import deepspeed
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+           "bf16": {"enabled": device.type == "cuda"}, "zero_optimization": {"stage": stage},
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-5, "torch_adam": True}}}
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        if stage == 3:
+            with deepspeed.zero.Init(config_dict_or_path=cfg):
+                model = Stack(arch)
+        else:
+            model = Stack(arch).to(device)
+    finally:
+        torch.set_default_dtype(default)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return engine, dtype
+
+
+def passes_s_per_layer(stage: int, arch, device: torch.device, sync) -> dict[str, float]:
+    """The host's median seconds per layer in each pass (`PASSES`) under this ZeRO stage."""
+    from calibration.harness.model import rope_tables
+
+    engine, dtype = _engine(stage, arch, device)
+    cos, sin = rope_tables(torch.arange(TOKENS, device=device), arch.head_dim)
+    x = torch.randn(1, TOKENS, arch.hidden_size, device=device, dtype=dtype, requires_grad=True)
+
+    def forward(checkpointed: bool) -> torch.Tensor:
+        engine.module.checkpointed = checkpointed
+        return engine(x, cos, sin)
+
+    rounds = interleaved_pass_rounds(forward, engine.backward, sync, after=engine.step)
+    engine.destroy()
+    medians = [statistics.median(r[which][part] for r in rounds) / LAYERS for which in (0, 1) for part in (0, 1)]
+    return dict(zip(PASSES, medians))
+
+
+def hook_ratios(zero0: dict[str, float], zero3: dict[str, float]) -> dict[str, float]:
+    """Each pass's hooks (ZeRO-3's time less ZeRO-0's) over the plain forward's; the recompute's are
+    what checkpointing adds to the backward's."""
+    hooks = {p: zero3[p] - zero0[p] for p in PASSES}
+    forward = hooks["forward"]
+    if not forward > 0:
+        raise RuntimeError(f"ZeRO-3's forward took no longer than ZeRO-0's ({zero3['forward'] * 1e3:.3f} against "
+                           f"{zero0['forward'] * 1e3:.3f} ms a layer): no hooks to measure against")
+    return {"backward_ratio": hooks["backward"] / forward,
+            "checkpointed_forward_ratio": hooks["checkpointed_forward"] / forward,
+            "recompute_ratio": (hooks["checkpointed_backward"] - hooks["backward"]) / forward}
+
+
+def measure(preset: str) -> dict:
+    """Both stages in this process, one rank with its own process group (the child's work)."""
+    import deepspeed
+
+    from calibration.microbench.layer import architecture
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    arch = architecture(preset, not cuda)
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    zero0, zero3 = (passes_s_per_layer(stage, arch, device, sync) for stage in (0, 3))
+    return {"ran": True, "preset": preset, "layers": LAYERS, "tokens": TOKENS, "threads": torch.get_num_threads(),
+            **{f"zero0_{p}_s_per_layer": v for p, v in zero0.items()},
+            **{f"zero3_{p}_s_per_layer": v for p, v in zero3.items()}, **hook_ratios(zero0, zero3)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_zero3_hooks(ctx: BenchContext, preset: str) -> dict:
+    """Runs `measure` in a child process on this rank's GPU (local rank 0 only)."""
+    if ctx.local_rank != 0:
+        return {"ran": False}
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    if ctx.is_cuda:
+        env["CUDA_VISIBLE_DEVICES"] = str(ctx.device.index or 0)
+    child = subprocess.run([sys.executable, "-m", "calibration.microbench.zero3_hooks", preset], env=env,
+                           capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    lines = child.stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        last = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the ZeRO-3 hooks child for {preset} exited {child.returncode}: {last}")
+    return json.loads(lines[-1])
+
+
+def items(ctx: BenchContext) -> list[BenchItem]:
+    from calibration.microbench.layer import CPU_SHAPES
+
+    presets = PRESETS if ctx.is_cuda else tuple(CPU_SHAPES)[:1]  # the CPU path: one tiny preset stands in
+    return [BenchItem(f"cpu/zero3_hooks/{preset}", "zero3_hooks", lambda c, p=preset: bench_zero3_hooks(c, p),
+                      label=f"ZeRO-3 hooks per pass, {preset} layers") for preset in presets]
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.disable(logging.WARNING)  # DeepSpeed's info lines go to stdout; the result is the last line
+    print(json.dumps(measure(sys.argv[1])), flush=True)
