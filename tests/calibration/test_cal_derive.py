@@ -47,6 +47,8 @@ def test_what_no_datasheet_states_is_the_reference_s(derived):
     # each pass's share of the host's issue time: the same Python, no datasheet figure
     assert derived.host.pass_issue.backward.value == h200.host.pass_issue.backward.value
     assert "no datasheet figure" in derived.host.pass_issue.recompute.source
+    assert derived.host.zero3_hook_pass.checkpointed_forward.value == h200.host.zero3_hook_pass.checkpointed_forward.value
+    assert "no datasheet figure" in derived.host.zero3_hook_pass.recompute.source
 
 
 def test_module_power_adds_the_cpu_idle_and_stays_under_the_cap(derived):
