@@ -433,8 +433,8 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # are taken apart: the GPU cannot run ahead into a backward the host has not issued, so a
     # host-bound forward is not hidden by a GPU-bound backward. Each pass costs the host its share of
     # the forward's time per layer (`layer_pass`), as the profile's calibration measured it
-    # (`HostSpec.pass_issue`; on an H200 host the backward 1.64 times it, a checkpointed layer's
-    # forward the same, and its recompute, issued in the backward, 1.38 times).
+    # (`HostSpec.pass_issue`; on an H200 host the backward 1.61 times it, a checkpointed layer's
+    # forward the same, and its recompute, issued in the backward, 1.30 times).
     # Only decoder layers count: on H200 the vision tower (frozen or trained, batched over
     # frame groups) added no host-bound time to an otherwise identical run.
     layers = workload.arch.num_layers
@@ -442,6 +442,9 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # issues the kernels. Under ZeRO-3 on several GPUs the host also waits on fetch and reduce
     # events, so part of the shorter of the two does not overlap.
     # The three are Python on one thread: they scale with the host's probed issue speed.
+    # ZeRO-3's hooks cost each pass its measured share of a plain forward's (`HostSpec.zero3_hook_pass`;
+    # on H200 the backward's 1.06, a checkpointed forward's 0.81: without autograd it registers no
+    # backward hooks on its outputs; the recompute's 0.85).
     # ZeRO-2's hooks reduce and partition every micro-step's gradients; ZeRO-1's reduce only at the
     # accumulation boundary and do nearly nothing before it (stage_1_and_2.py
     # `reduce_ready_partitions_and_remove_grads`; on H200, TinyLlama 1k at four micro-batches took
