@@ -14,6 +14,13 @@ def rr(key, family, data, status="ok", reason=None) -> RawResult:
                      time="2026-11-29T00:00:00+00:00")
 
 
+def ratio_rows(ratios) -> list[dict]:
+    """Rows of a pass-ratio family (pass_issue, zero3_hooks): (preset, backward, checkpointed forward,
+    recompute) each."""
+    return [{"ran": True, "preset": p, "layers": 8, "tokens": 16, "backward_ratio": b, "checkpointed_forward_ratio": f,
+             "recompute_ratio": r} for p, b, f, r in ratios]
+
+
 def env(kind="measured", world=2, local=2) -> dict:
     return {
         "date": "2026-11-29T00:00:00+00:00", "machine": "node1", "arch": "x86_64",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cal_helpers import env, gpu_results, rr
+from cal_helpers import env, gpu_results, ratio_rows, rr
 
 from calibration.merge import merged_profile
 from calibration.microbench.common import BenchContext, sizes_for
@@ -32,8 +32,7 @@ def test_the_cpu_path_times_each_pass_of_harness_blocks():
 
 
 def pass_rows():
-    return [{"ran": True, "preset": p, "layers": 8, "tokens": 16, "backward_ratio": b, "checkpointed_forward_ratio": f,
-             "recompute_ratio": r} for p, b, f, r in (("a", 1.5, 0.7, 2.0), ("b", 1.7, 0.8, 2.4), ("c", 1.6, 0.75, 2.2))]
+    return ratio_rows((("a", 1.5, 0.7, 2.0), ("b", 1.7, 0.8, 2.4), ("c", 1.6, 0.75, 2.2)))
 
 
 def test_the_profile_keeps_the_median_ratio_of_each_pass_and_a_merge_replaces_only_it(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from cal_helpers import env, gpu_results, rr
+from cal_helpers import env, gpu_results, ratio_rows, rr
 
 from calibration.merge import main, merged_profile
 from calibration.microbench.common import BenchContext, sizes_for
@@ -47,8 +47,7 @@ def test_another_rank_of_the_node_leaves_it_to_local_rank_0():
 
 
 def hook_rows():
-    return [{"ran": True, "preset": p, "layers": 8, "tokens": 16, "backward_ratio": b, "checkpointed_forward_ratio": f,
-             "recompute_ratio": r} for p, b, f, r in (("a", 0.9, 0.6, 1.1), ("b", 1.1, 0.8, 0.9), ("c", 1.0, 0.7, 1.0))]
+    return ratio_rows((("a", 0.9, 0.6, 1.1), ("b", 1.1, 0.8, 0.9), ("c", 1.0, 0.7, 1.0)))
 
 
 def test_the_profile_keeps_the_median_hook_ratio_of_each_pass_and_a_merge_replaces_only_it(tmp_path):
