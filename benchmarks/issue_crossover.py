@@ -7,14 +7,16 @@ Why: the cost model takes a pass's time as a smooth max of the two (`models.timi
 p-norm with p = `HOST_OVERLAP_SHARPNESS`, chosen, not measured), and the fitted runs whose host and GPU
 times are close (a third to two thirds of the step on the host) were under-predicted at every ZeRO
 stage (-2% to -5% on average) where fully host-bound ones were over-predicted. This measures the
-crossover directly, pass by pass, on a stack of harness decoder blocks:
+crossover directly on the forward of a stack of harness decoder blocks:
 
-- host: the seconds the forward (or backward) call takes to return, the GPU busy throughout with an
-  earlier long kernel, so the call never waits on it;
-- GPU: CUDA events around the pass's kernels, queued behind that long kernel so that all of them are
-  issued before the first runs (the GPU's own time, no waits);
-- wall: the pass from an idle GPU to its last kernel's end, as a training step runs it.
+- host: the seconds the forward call takes to return, the GPU busy throughout with an earlier long
+  kernel, so the call never waits on it;
+- GPU: CUDA events around the forward's kernels, queued behind that long kernel so that all of them
+  are issued before the first runs (the GPU's own time, no waits);
+- wall: the forward from an idle GPU to its last kernel's end, as a training step runs it.
 
+The forward only: behind a long kernel the backward call itself waited for the GPU (494-527 ms behind
+a 500 ms kernel on H200, machine AV), so its host time cannot be read this way.
 Prints each token count's three times, the wall time over max(host, GPU), and the p of the p-norm
 that fits the wall times best. On the CPU path (no CUDA) kernels run as they are issued: it only
 checks that the stack runs (`--tokens 8,16`).
@@ -49,8 +51,8 @@ def _stack(preset: str, cuda: bool):
     return arch, blocks, device, dtype
 
 
-def pass_seconds(preset: str, tokens: int, cuda: bool) -> dict:
-    """Median host, GPU and wall seconds of the forward and of the backward at `tokens`."""
+def forward_seconds(preset: str, tokens: int, cuda: bool) -> dict:
+    """Median host, GPU and wall seconds of the stack's forward at `tokens`."""
     from calibration.harness.model import rope_tables
 
     arch, blocks, device, dtype = _stack(preset, cuda)
@@ -64,54 +66,41 @@ def pass_seconds(preset: str, tokens: int, cuda: bool) -> dict:
             h = block(h, cos, sin)
         return h.float().sum()
 
-    def busy_gpu(seconds: float) -> None:  # a kernel that keeps the GPU busy while the host issues
+    def host_s() -> float:  # the GPU busy with an earlier kernel: the call never waits on it
+        sync()
         if cuda:
-            torch.cuda._sleep(int(seconds * 2e9))  # cycles, at about 2 GHz
-
-    def one(mode: str) -> tuple[float, float]:
-        """(forward, backward) seconds: host ('host'), the GPU's own ('gpu') or from idle ('wall')."""
-        out = []
-        sync()
-        busy_gpu(0.5 if mode != "wall" else 0.0)
-        start = torch.cuda.Event(enable_timing=True) if cuda else None
-        mid = torch.cuda.Event(enable_timing=True) if cuda else None
-        end = torch.cuda.Event(enable_timing=True) if cuda else None
-        if start is not None:
-            start.record()
+            torch.cuda._sleep(int(0.5 * 2e9))  # cycles, at about 2 GHz: longer than any issue here
         t0 = time.perf_counter()
-        loss = forward()
-        t1 = time.perf_counter()
-        if mid is not None:
-            mid.record()
-        if mode == "wall":
-            sync()
-            t1 = time.perf_counter()
-            out.append(t1 - t0)
-        else:
-            out.append(t1 - t0)
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        if end is not None:
-            end.record()
-        sync()
-        t4 = time.perf_counter()
-        out.append((t4 - t2) if mode == "wall" else (t3 - t2))
-        if mode == "gpu" and cuda:
-            out = [start.elapsed_time(mid) / 1e3, mid.elapsed_time(end) / 1e3]
-        x.grad = None
-        for p in blocks.parameters():
-            p.grad = None
-        return out[0], out[1]
+        forward()
+        return time.perf_counter() - t0
 
-    for mode in ("host", "gpu", "wall"):  # warm-up
-        one(mode)
-    rows = {mode: [one(mode) for _ in range(REPEATS)] for mode in ("host", "gpu", "wall")}
-    med = {mode: [statistics.median(r[i] for r in rows[mode]) for i in (0, 1)] for mode in rows}
+    def gpu_s() -> float:  # every kernel queued behind that kernel before the first runs
+        if not cuda:
+            return float("nan")
+        sync()
+        torch.cuda._sleep(int(0.5 * 2e9))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        forward()
+        end.record()
+        sync()
+        return start.elapsed_time(end) / 1e3
+
+    def wall_s() -> float:  # from an idle GPU to the last kernel's end
+        sync()
+        t0 = time.perf_counter()
+        forward()
+        sync()
+        return time.perf_counter() - t0
+
+    medians = {}
+    for name, fn in (("host", host_s), ("gpu", gpu_s), ("wall", wall_s)):  # forwards with autograd, as in training
+        fn()  # warm-up
+        medians[name] = statistics.median(fn() for _ in range(REPEATS))
     del blocks
     if cuda:
         torch.cuda.empty_cache()
-    return {"tokens": tokens, **{f"{pas}_{mode}_s": med[mode][i] for mode in med for i, pas in enumerate(("forward", "backward"))}}
+    return {"tokens": tokens, **{f"forward_{name}_s": v for name, v in medians.items()}}
 
 
 def smooth_max(host, gpu, p: float):
@@ -119,10 +108,8 @@ def smooth_max(host, gpu, p: float):
 
 
 def best_p(rows: list[dict]) -> float | None:
-    """The p whose smooth max fits the wall times best (log error, both passes); None on the CPU path's rows."""
-    host = np.array([r[f"{pas}_host_s"] for r in rows for pas in ("forward", "backward")])
-    gpu = np.array([r[f"{pas}_gpu_s"] for r in rows for pas in ("forward", "backward")])
-    wall = np.array([r[f"{pas}_wall_s"] for r in rows for pas in ("forward", "backward")])
+    """The p whose smooth max fits the wall times best (log error); None without GPU times."""
+    host, gpu, wall = (np.array([r[f"forward_{m}_s"] for r in rows]) for m in ("host", "gpu", "wall"))
     if not (gpu > 0).all():
         return None
     grid = np.arange(1.5, 32.01, 0.25)
@@ -157,18 +144,17 @@ def main(argv=None) -> int:
         p.error(f"the CPU path has tiny layers for {', '.join(CPU_SHAPES)} only, not {args.preset!r}")
     rows = []
     for t in tokens:
-        rows.append(pass_seconds(args.preset, t, cuda))
+        rows.append(forward_seconds(args.preset, t, cuda))
         print(f"{t} tokens done", file=sys.stderr, flush=True)
     fitted = best_p(rows) if cuda else None
-    table = Table(title=f"ms a pass, {LAYERS} {args.preset} layers, {torch.get_num_threads()} threads, "
+    table = Table(title=f"ms a forward, {LAYERS} {args.preset} layers, {torch.get_num_threads()} threads, "
                         f"{'GPU' if cuda else 'CPU path'}; best p = {fitted}")
-    for col in ("tokens", "pass", "host", "GPU", "wall", "wall / max", "p=8 / wall"):
+    for col in ("tokens", "host", "GPU", "wall", "wall / max", "p=8 / wall"):
         table.add_column(col, justify="right")
     for r in rows:
-        for pas in ("forward", "backward"):
-            h, g, w = (r[f"{pas}_{m}_s"] for m in ("host", "gpu", "wall"))
-            table.add_row(str(r["tokens"]), pas, f"{h * 1e3:.2f}", f"{g * 1e3:.2f}", f"{w * 1e3:.2f}",
-                          f"{w / max(h, g):.3f}", f"{smooth_max(h, g, 8.0) / w:.3f}" if g > 0 else "-")
+        h, g, w = (r[f"forward_{m}_s"] for m in ("host", "gpu", "wall"))
+        table.add_row(str(r["tokens"]), f"{h * 1e3:.2f}", f"{g * 1e3:.2f}" if cuda else "-", f"{w * 1e3:.2f}",
+                      f"{w / max(h, g):.3f}" if cuda else "-", f"{smooth_max(h, g, 8.0) / w:.3f}" if cuda else "-")
     Console().print(table)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": "cuda" if cuda else "cpu", "threads": torch.get_num_threads(),
