@@ -354,7 +354,8 @@ def test_zero3s_hook_waits_are_the_hooks_share_of_the_issue_wait_in_one_gap_a_mo
     assert float(t.hook_gaps[0]) == 2 * 2 * c.modules_llm  # forward and backward, two micro-steps
     # layer passes that take the host as long as the hooks, in each pass alike: half of the wait is the hooks'
     layers = small.arch.num_layers
-    half = _with({**hooks_only, "overheads.layer_pass": 1e-3 * c.modules_llm / layers, "host.pass_issue": None})
+    half = _with({**hooks_only, "overheads.layer_pass": 1e-3 * c.modules_llm / layers, "host.pass_issue": None,
+                  "host.zero3_hook_pass": None})
     t = _step_timing(Strategy(zero_stage=3), half, small)
     assert float(t.hook_wait_s[0]) == pytest.approx(0.5 * float(t.host_issue_wait_s[0]))
     z2 = _step_timing(Strategy(zero_stage=2), half, small)
