@@ -38,6 +38,7 @@ def _checkpoint_fn():
     return deepspeed.checkpointing.checkpoint
 
 
+PASSES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward")  # a Round's order
 Round = tuple[tuple[float, float], tuple[float, float]]  # (forward s, backward s): plain, then checkpointed
 
 
@@ -68,6 +69,12 @@ def interleaved_pass_rounds(forward: Callable[[bool], torch.Tensor], backward: C
     return [(timed(False), timed(True)) for _ in range(ROUNDS)]
 
 
+def median_s_per_layer(rounds: list[Round]) -> dict[str, float]:
+    """The rounds' median seconds per layer of each pass (`PASSES`)."""
+    medians = [statistics.median(r[which][part] for r in rounds) / LAYERS for which in (0, 1) for part in (0, 1)]
+    return dict(zip(PASSES, medians))
+
+
 def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
     """Median host seconds per layer of the forward and the backward, plain and checkpointed, and each
     pass's ratio to the plain forward (the profile's `host.pass_issue`)."""
@@ -90,11 +97,8 @@ def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
         return h.float().sum()
 
     rounds = interleaved_pass_rounds(forward, lambda loss: loss.backward(), ctx.sync)
-    plain_f, plain_b = (statistics.median(r[0][i] for r in rounds) / LAYERS for i in (0, 1))
-    ckpt_f, ckpt_b = (statistics.median(r[1][i] for r in rounds) / LAYERS for i in (0, 1))
     return {"ran": True, "preset": preset, "layers": LAYERS, "tokens": TOKENS,
-            "forward_s_per_layer": plain_f, "backward_s_per_layer": plain_b,
-            "checkpointed_forward_s_per_layer": ckpt_f, "checkpointed_backward_s_per_layer": ckpt_b,
+            **{f"{name}_s_per_layer": s for name, s in median_s_per_layer(rounds).items()},
             "backward_ratio": statistics.median(r[0][1] / r[0][0] for r in rounds),
             "checkpointed_forward_ratio": statistics.median(r[1][0] / r[0][0] for r in rounds),
             "recompute_ratio": statistics.median((r[1][1] - r[0][1]) / r[0][0] for r in rounds)}

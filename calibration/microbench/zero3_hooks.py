@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 from functools import partial
@@ -31,9 +30,9 @@ from functools import partial
 import torch
 
 from calibration.microbench.common import BenchContext, BenchItem
-from calibration.microbench.pass_issue import LAYERS, PRESETS, TOKENS, interleaved_pass_rounds
+from calibration.microbench.pass_issue import (LAYERS, PASSES, PRESETS, TOKENS, interleaved_pass_rounds,
+                                              median_s_per_layer)
 
-PASSES = ("forward", "backward", "checkpointed_forward", "checkpointed_backward")
 CHILD_TIMEOUT_S = 900  # a first DeepSpeed import and two engines; minutes on a cold host
 
 
@@ -91,8 +90,7 @@ def passes_s_per_layer(stage: int, arch, device: torch.device, sync) -> dict[str
 
     rounds = interleaved_pass_rounds(forward, engine.backward, sync, after=engine.step)
     engine.destroy()
-    medians = [statistics.median(r[which][part] for r in rounds) / LAYERS for which in (0, 1) for part in (0, 1)]
-    return dict(zip(PASSES, medians))
+    return median_s_per_layer(rounds)
 
 
 def hook_ratios(zero0: dict[str, float], zero3: dict[str, float]) -> dict[str, float]:
