@@ -3,7 +3,7 @@ close: each pass's wall time against its host issue time and its GPU time, acros
 
     python benchmarks/issue_crossover.py [--preset llama-2-7b] [--out results.json]
 
-Why: the cost model takes a pass's time as a smooth max of the two (`models.timing._host_wait`, a
+Why: the cost model takes a pass's time as a smooth max of the two (`models.timing.host_wait_s`, a
 p-norm with p = `HOST_OVERLAP_SHARPNESS`, chosen, not measured), and the fitted runs whose host and GPU
 times are close (a third to two thirds of the step on the host) were under-predicted at every ZeRO
 stage (-2% to -5% on average) where fully host-bound ones were over-predicted. This measures the
@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from models.timing import host_wait_s  # noqa: E402
 
 LAYERS = 8
 REPEATS = 5
@@ -104,7 +106,8 @@ def forward_seconds(preset: str, tokens: int, cuda: bool) -> dict:
 
 
 def smooth_max(host, gpu, p: float):
-    return gpu * (1.0 + (host / gpu) ** p) ** (1.0 / p)
+    """The cost model's time of a pass of `host` issue and `gpu` work at sharpness p."""
+    return gpu + host_wait_s(host, gpu, p)
 
 
 def best_p(rows: list[dict]) -> float | None:
@@ -126,7 +129,7 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from calibration.microbench.layer import CPU_SHAPES
+    from calibration.microbench.layer import CPU_SHAPES, architecture
     from models.architecture import ModelConfigError
 
     cuda = torch.cuda.is_available()
@@ -137,7 +140,7 @@ def main(argv=None) -> int:
     if not tokens or min(tokens) < 1:
         p.error("--tokens: each count must be at least 1")
     try:
-        _stack(args.preset, cuda)
+        architecture(args.preset, not cuda)
     except ModelConfigError as exc:
         p.error(str(exc))
     except KeyError:

@@ -9,7 +9,7 @@ cannot overlap is exposed: ZeRO-0's all-reduce, the all-gather after a ZeRO-1/2 
 Ulysses all-to-alls (DistributedAttention waits for them), CPU-checkpoint copies, the
 CPU optimizer (unless SuperOffload hides it behind the last backward) and DeepSpeed's
 fixed per-step and offload overheads. The host's issue time (launches, autograd, ZeRO-3
-hooks) is exposed only where it outlasts a micro-step's GPU work (see `_host_wait`).
+hooks) is exposed only where it outlasts a micro-step's GPU work (see `host_wait_s`).
 
 Collectives: time = calls * alpha + bus_factor(op, n) * bytes / (bus_bandwidth *
 the calibrated bus_bandwidth), bytes being the full (gathered or reduced) tensor; the intra-node
@@ -134,14 +134,15 @@ def divide_or_zero(total, n) -> np.ndarray:
     return np.divide(total, n, out=np.zeros(np.broadcast(total, n).shape), where=np.asarray(n) > 0)
 
 
-def _host_wait(host_s, gpu_s) -> np.ndarray:
+def host_wait_s(host_s, gpu_s, sharpness: float = HOST_OVERLAP_SHARPNESS) -> np.ndarray:
     """GPU seconds spent waiting on the host: a smooth max(host, gpu) - gpu.
 
     The p-norm with p = 8 is max() far from the crossover and costs 9% at equality, where
-    launch jitter keeps the GPU from hiding the host's work completely. Smoothness also keeps
-    the fit's gradients alive on both sides of the crossover."""
+    launch jitter keeps the GPU from hiding the host's work completely (chosen, not measured:
+    benchmarks/issue_crossover.py tries other p). Smoothness also keeps the fit's gradients alive on
+    both sides of the crossover."""
     gpu = np.maximum(np.asarray(gpu_s, dtype=float), 1e-12)
-    k = HOST_OVERLAP_SHARPNESS
+    k = sharpness
     return gpu * ((1.0 + (host_s / gpu) ** k) ** (1.0 / k) - 1.0)
 
 
@@ -453,7 +454,8 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     checkpointed = work.checkpointed_layers
     hook_b, hook_cf, hook_r = _pass_ratios(profile.host.zero3_hook_pass)
     z3_hooks = np.where(lay.z3, 1.0, 0.0) * scale * ov.zero3_module_pass.value
-    hooks_f = z3_hooks * (ps.forward_modules - (1.0 - hook_cf) * ps.recompute_modules)
+    # A checkpointed layer's modules are those it recomputes: their first forward takes hook_cf.
+    hooks_f = z3_hooks * (ps.forward_modules - ps.recompute_modules + hook_cf * ps.recompute_modules)
     hooks_b = z3_hooks * (hook_b * ps.backward_modules + hook_r * ps.recompute_modules)
     backward, checkpointed_forward, recompute = _pass_ratios(profile.host.pass_issue)
     issue_f = scale * ov.layer_pass.value * (layers - checkpointed + checkpointed_forward * checkpointed) + hooks_f
@@ -464,7 +466,7 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     serial = np.where(lay.z3 & (b.gpus > 1), ov.zero3_host_serial.value, 0.0)
 
     def exposed(gpu_s, host_s):
-        return _host_wait(host_s, gpu_s) + serial * np.minimum(host_s, gpu_s)
+        return host_wait_s(host_s, gpu_s) + serial * np.minimum(host_s, gpu_s)
 
     wait_f = exposed(gpu.forward, issue_f)
     wait_b_normal, wait_b_last = exposed(gpu.backward, issue_b_normal), exposed(gpu.last_backward, issue_b_last)
