@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from calibration.fitting import COLLECTIVE_OPS, bus_factor
-from calibration.rawlog import RawResult
+from calibration.rawlog import RawLog, RawResult
 from models.flops import causal_attention_flops
 
 ALPHA_S = 30e-6
@@ -19,6 +19,16 @@ def ratio_rows(ratios) -> list[dict]:
     recompute) each."""
     return [{"ran": True, "preset": p, "layers": 8, "tokens": 16, "backward_ratio": b, "checkpointed_forward_ratio": f,
              "recompute_ratio": r} for p, b, f, r in ratios]
+
+
+def ratio_raw(path, family: str, rows: list[dict], device="NVIDIA H200"):
+    """A one-GPU machine's raw file holding `rows` of a pass-ratio family, keyed by preset (the same
+    keys in every file: a repeat of the same calibration)."""
+    raw = RawLog(path, {"kind": "measured", "device": device, "gpus_per_node": 1, "nodes": 1, "quick": False,
+                        "machine": "m"})
+    for row in rows:
+        raw.append(RawResult(f"cpu/{family}/{row['preset']}", family, "ok", row, None, 1.0, "now"))
+    return raw.path
 
 
 def env(kind="measured", world=2, local=2) -> dict:

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from cal_helpers import env, gpu_results, ratio_rows, rr
+from cal_helpers import env, gpu_results, ratio_raw, ratio_rows, rr
 
 from calibration.merge import merged_profile
 from calibration.microbench.common import BenchContext, sizes_for
 from calibration.microbench.pass_issue import bench_pass_issue
 from calibration.profile_writer import build_profile
-from calibration.rawlog import RawLog, RawResult
 from models.profile import parse_profile
 
 
@@ -48,11 +47,7 @@ def test_the_profile_keeps_the_median_ratio_of_each_pass_and_a_merge_replaces_on
     assert "pass_issue" not in base["host"]  # not measured: every pass costs the forward's
     path = tmp_path / "node.json"
     path.write_text(json.dumps(base))
-    raw = RawLog(tmp_path / "passes.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
-                                                 "nodes": 1, "quick": False, "machine": "m"})
-    for i, row in enumerate(pass_rows()):
-        raw.append(RawResult(f"cpu/pass_issue/{i}", "pass_issue", "ok", row, None, 1.0, "now"))
-    merged = parse_profile(merged_profile(raw.path, path))
+    merged = parse_profile(merged_profile(ratio_raw(tmp_path / "passes.raw.jsonl", "pass_issue", pass_rows()), path))
     assert merged.host.pass_issue.recompute.value == 2.2
     assert "passes.raw.jsonl" in merged.host.pass_issue.recompute.source
     assert merged.gpu.gemm_bf16 == parse_profile(base).gpu.gemm_bf16  # the rest is kept

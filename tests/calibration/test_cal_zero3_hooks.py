@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
-from cal_helpers import env, gpu_results, ratio_rows, rr
+from cal_helpers import env, gpu_results, ratio_raw, ratio_rows, rr
 
 from calibration.merge import main, merged_profile
 from calibration.microbench.common import BenchContext, sizes_for
 from calibration.microbench.zero3_hooks import bench_zero3_hooks, hook_ratios
 from calibration.profile_writer import build_profile
-from calibration.rawlog import RawLog, RawResult
 from models.profile import parse_profile
 
 ZERO0 = {"forward": 1.0, "backward": 1.6, "checkpointed_forward": 1.0, "checkpointed_backward": 3.0}
@@ -64,31 +63,19 @@ def test_the_profile_keeps_the_median_hook_ratio_of_each_pass_and_a_merge_replac
     assert "zero3_hook_pass" not in base["host"]  # not measured: every pass costs a forward's hooks
     path = tmp_path / "node.json"
     path.write_text(json.dumps(base))
-    raw = RawLog(tmp_path / "hooks.raw.jsonl", {"kind": "measured", "device": "NVIDIA H200", "gpus_per_node": 1,
-                                                "nodes": 1, "quick": False, "machine": "m"})
-    for i, row in enumerate(hook_rows()):
-        raw.append(RawResult(f"cpu/zero3_hooks/{i}", "zero3_hooks", "ok", row, None, 1.0, "now"))
-    merged = parse_profile(merged_profile(raw.path, path))
+    merged = parse_profile(merged_profile(ratio_raw(tmp_path / "hooks.raw.jsonl", "zero3_hooks", hook_rows()), path))
     assert merged.host.zero3_hook_pass.checkpointed_forward.value == 0.7
     assert "hooks.raw.jsonl" in merged.host.zero3_hook_pass.recompute.source
     assert merged.gpu.gemm_bf16 == parse_profile(base).gpu.gemm_bf16  # the rest is kept
-
-
-def _hooks_raw(tmp_path, name, rows, device="NVIDIA H200"):
-    raw = RawLog(tmp_path / name, {"kind": "measured", "device": device, "gpus_per_node": 1, "nodes": 1,
-                                   "quick": False, "machine": "m"})
-    for row in rows:  # the same keys in every run: a repeat of the same calibration
-        raw.append(RawResult(f"cpu/zero3_hooks/{row['preset']}", "zero3_hooks", "ok", row, None, 1.0, "now"))
-    return raw.path
 
 
 def test_repeated_runs_of_one_machine_pool_into_one_median(tmp_path):
     """Lent hosts drift between runs: the median of both runs' rows, not the last run's."""
     base = tmp_path / "node.json"
     base.write_text(json.dumps(build_profile(env(), gpu_results(), name="node", raw_file="base.raw.jsonl")))
-    first = _hooks_raw(tmp_path, "one.raw.jsonl", hook_rows())  # checkpointed forward 0.6, 0.8, 0.7
+    first = ratio_raw(tmp_path / "one.raw.jsonl", "zero3_hooks", hook_rows())  # checkpointed forward 0.6, 0.8, 0.7
     again = [{**row, "checkpointed_forward_ratio": row["checkpointed_forward_ratio"] + 0.5} for row in hook_rows()]
-    second = _hooks_raw(tmp_path, "two.raw.jsonl", again)  # 1.1, 1.3, 1.2
+    second = ratio_raw(tmp_path / "two.raw.jsonl", "zero3_hooks", again)  # 1.1, 1.3, 1.2
     assert parse_profile(merged_profile(second, base)).host.zero3_hook_pass.checkpointed_forward.value == 1.2
     out = tmp_path / "pooled.json"
     main([str(first), str(second), "--into", str(base), "--out", str(out)])
@@ -101,7 +88,7 @@ def test_repeated_runs_of_one_machine_pool_into_one_median(tmp_path):
 def test_runs_of_different_machines_are_not_pooled(tmp_path, capsys):
     base = tmp_path / "node.json"
     base.write_text(json.dumps(build_profile(env(), gpu_results(), name="node", raw_file="base.raw.jsonl")))
-    h200 = _hooks_raw(tmp_path, "h200.raw.jsonl", hook_rows())
-    h100 = _hooks_raw(tmp_path, "h100.raw.jsonl", hook_rows(), device="NVIDIA H100")
+    h200 = ratio_raw(tmp_path / "h200.raw.jsonl", "zero3_hooks", hook_rows())
+    h100 = ratio_raw(tmp_path / "h100.raw.jsonl", "zero3_hooks", hook_rows(), device="NVIDIA H100")
     with pytest.raises(SystemExit, match="not one machine's runs"):
         main([str(h200), str(h100), "--into", str(base), "--out", str(tmp_path / "x.json")])
