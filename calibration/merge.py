@@ -34,12 +34,19 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]  # str.capitalize would lower "ZeRO"
 
 
+def _read(path: Path) -> tuple[dict, dict]:
+    try:
+        return read_raw(path)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a calibration raw file (JSON lines of `advisor calibrate`): {exc}") from None
+
+
 def _pooled_raw(raw_paths: list[Path]) -> tuple[dict, dict]:
     """The header and results of one raw file, or of several runs of one machine pooled: each row
     kept, so a family's median is taken over all of them (lent hosts drift between runs)."""
-    if len(raw_paths) == 1:
-        return read_raw(raw_paths[0])
-    runs = [read_raw(path) for path in raw_paths]
+    runs = [_read(path) for path in raw_paths]
+    if len(runs) == 1:
+        return runs[0]
     header = runs[0][0]
     for path, (other, _) in zip(raw_paths[1:], runs[1:]):
         if (other.get("device"), other.get("gpus_per_node")) != (header.get("device"), header.get("gpus_per_node")):

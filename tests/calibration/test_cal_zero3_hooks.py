@@ -92,3 +92,13 @@ def test_runs_of_different_machines_are_not_pooled(tmp_path, capsys):
     h100 = ratio_raw(tmp_path / "h100.raw.jsonl", "zero3_hooks", hook_rows(), device="NVIDIA H100")
     with pytest.raises(SystemExit, match="not one machine's runs"):
         main([str(h200), str(h100), "--into", str(base), "--out", str(tmp_path / "x.json")])
+
+
+def test_a_file_that_is_not_a_raw_file_is_named_in_one_line(tmp_path):
+    base = tmp_path / "node.json"
+    base.write_text(json.dumps(build_profile(env(), gpu_results(), name="node", raw_file="base.raw.jsonl")))
+    other = tmp_path / "results.json"
+    other.write_text(json.dumps({"rows": []}, indent=1))
+    with pytest.raises(SystemExit, match="results.json: not a calibration raw file"):
+        main([str(ratio_raw(tmp_path / "one.raw.jsonl", "zero3_hooks", hook_rows())), str(other), "--into", str(base),
+              "--out", str(tmp_path / "x.json")])
