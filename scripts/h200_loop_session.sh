@@ -7,8 +7,9 @@
 #   bash scripts/h200_loop_session.sh BUDGET_S STEP [STEP ...]
 # Steps: threads (calibrate CPUAdam at 1..all threads), refresh (the parameter refresh after a CPU
 # step at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
-# traced for memory when its name has "memory", and profiled one after another, ADVISOR_STEP_PROFILE,
-# when it has "structure"; VALIDATE_ARGS are passed on, e.g. "--steps 8 --min-window-s 4"), loop:NAME (recommend --validate with the arguments in
+# traced for memory when its name has "memory", profiled one after another, ADVISOR_STEP_PROFILE,
+# when it has "structure", and timed pass by pass one after another, ADVISOR_PHASE_TRACE, when it has
+# "phases"; VALIDATE_ARGS are passed on, e.g. "--steps 8 --min-window-s 4"), loop:NAME (recommend --validate with the arguments in
 # data/sweeps/NAME.args, one per line).
 # A machine that went back between calls loses /tmp/state: carry the last call's archive as
 # .device_state/state.tgz and the runs it holds are not made again.
@@ -34,10 +35,11 @@ for step in "$@"; do
         && [ -f "$STATE/h200-refresh.raw.jsonl" ] && touch "$STATE/refresh.done" ;;
     sweep:*)
       sweep=${step#sweep:}; name=$(basename "$sweep" .jsonl)
-      trace=0; profile=0; order=--parallel
+      trace=0; profile=0; phases=0; order=--parallel
       case $name in *memory*) trace=1 ;; esac
       case $name in *structure*) profile=1; order=--serial ;; esac
-      ADVISOR_MEMORY_TRACE=$trace ADVISOR_STEP_PROFILE=$profile python3 -m advisor.cli validate --sweep "$sweep" \
+      case $name in *phases*) phases=1; order=--serial ;; esac
+      ADVISOR_MEMORY_TRACE=$trace ADVISOR_STEP_PROFILE=$profile ADVISOR_PHASE_TRACE=$phases python3 -m advisor.cli validate --sweep "$sweep" \
         --profile h200 --store "$STATE/runs.db" --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/$name" \
         --budget "$(left)" --timeout 300 $order ${VALIDATE_ARGS:-} 2>&1 | tail -n 30 ;;
     loop:*)
@@ -53,6 +55,7 @@ find "$STATE" -name 'memory_trace*.json' | while read -r f; do
   cp "$f" "$STATE/trace-$(basename "$(dirname "$f")")$rank.json"
 done
 find "$STATE" -name step_profile.json | while read -r f; do cp "$f" "$STATE/profile-$(basename "$(dirname "$f")").json"; done
+find "$STATE" -name phase_trace.json | while read -r f; do cp "$f" "$STATE/phases-$(basename "$(dirname "$f")").json"; done
 tar czf "$OUT/state.tgz" -C "$STATE" --exclude='*.db-wal' --exclude='*.db-shm' . 2>/dev/null
 cp "$STATE/machine.txt" "$OUT/"
 ls -la "$OUT"

@@ -108,7 +108,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     import torch
     from deepspeed import comm as dist
 
-    from calibration.harness import host_probe, memory_trace, step_profile
+    from calibration.harness import host_probe, memory_trace, phase_trace, step_profile
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
     from calibration.harness.window import MeasuredWindow, torch_agree
@@ -197,11 +197,16 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     if not host_memory.marks_reset:
         adjustments.append("host memory peak includes start-up: the kernel's high-water marks could not be reset")
 
-    def step():
+    def step(mark=lambda: None):
+        """One optimizer step; `mark()` before each pass and after the last (phase_trace)."""
         for _ in range(grad_accum):
+            mark()
             loss = engine(**batch.as_kwargs())
+            mark()
             engine.backward(loss)
+            mark()
             engine.step()
+        mark()
         return loss.item()
 
     traced = cuda and memory_trace.wanted()
@@ -236,6 +241,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
                                shared_peak)
     # After the window's peaks are read (the probe allocates), before the profilers (they slow it).
     issue_after = host_probe.reprobe_issue(device, sync)
+    if phase_trace.wanted():  # after the window's numbers are taken, like the profiles below
+        phase_trace.trace_passes(step, sync, grad_accum, rank == 0, "phase_trace.json", cuda)
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing
         step_profile.profile_steps(step, sync, rank == 0, "step_profile.json", cuda)
     gathered = [None] * world

@@ -42,8 +42,10 @@ def check_measured(result: RunResult, steps: int, world: int):
 @pytest.mark.slow
 def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model, monkeypatch):
     """ZeRO 0 runs in test_sweep, 1 with offload and 2 below; 3 here and with Ulysses. Its two
-    profiled steps come after the window and name DeepSpeed's ZeRO-3 step."""
+    profiled steps come after the window and name DeepSpeed's ZeRO-3 step; its marked steps time
+    each pass."""
     monkeypatch.setenv("ADVISOR_STEP_PROFILE", "1")
+    monkeypatch.setenv("ADVISOR_PHASE_TRACE", "1")
     stage = 3
     c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(stage), strategy={"cpu_threads_per_rank": 1})
     result = run_candidate(c, tmp_path, QUICK)
@@ -53,6 +55,8 @@ def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model, monkeypatch):
     assert result.layout["zero_stage"] == stage and result.layout["optimizer"] == "AdamW"  # torch_adam on CPU
     profile = json.loads((tmp_path / c.key() / "step_profile.json").read_text())
     assert any("stage3.py" in r["function"] and r["function"].endswith(" step") for r in profile["deepspeed_functions"])
+    passes = json.loads((tmp_path / c.key() / "phase_trace.json").read_text())["passes"]
+    assert [p["name"] for p in passes] == ["forward", "backward", "step"] and all(p["host_s"] > 0 for p in passes)
 
 
 @pytest.mark.slow

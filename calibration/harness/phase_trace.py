@@ -1,0 +1,167 @@
+"""A step pass by pass on the GPU's own clock: how long each pass (forward, backward, optimizer step of
+every micro-step) held the GPU, how much of that the GPU was busy, and how long its call took on the host.
+
+Why: the cost model takes each pass's time as a smooth max of the host's issue time and the GPU's work
+(`models.timing`), and the fitted runs whose two are close were under-predicted at every ZeRO stage.
+Whole-step times cannot say which pass holds the missing time; this does.
+
+Set ADVISOR_PHASE_TRACE=1 for a harness run: after the measured window (its numbers are taken first),
+every rank runs MARKED_STEPS more steps with a marker kernel launched between passes:
+- the marked steps, unprofiled, give each pass's GPU span from CUDA events recorded at the markers (the
+  GPU reaching one marker to reaching the next, waits included) and its call's host seconds;
+- the last, under torch.profiler with device activity only (host tracing would slow the very issue
+  time that is measured), gives each pass's busy seconds: the union of its kernels, copies and memsets
+  between two markers.
+Rank 0 writes `phase_trace.json`. The CPU path (no CUDA) has no device clock: spans and busy times are
+reported absent (None), the host seconds are measured.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+ENV = "ADVISOR_PHASE_TRACE"
+MARKED_STEPS = 3
+MARKER_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel: training never launches it
+MARKER_CYCLES = 100
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class PassTime:
+    """One pass of one micro-step; device seconds None where there is no device clock."""
+
+    name: str  # forward | backward | step
+    micro_step: int
+    host_s: float  # the call's own seconds on the host
+    gpu_span_s: float | None  # from the GPU reaching this pass's marker to reaching the next
+    gpu_busy_s: float | None  # the union of the pass's device operations (one profiled step)
+
+    @property
+    def gpu_idle_s(self) -> float | None:
+        if self.gpu_span_s is None or self.gpu_busy_s is None:
+            return None
+        return self.gpu_span_s - self.gpu_busy_s
+
+
+class Marker:
+    """Marks the passes of a step: the host's clock and, on CUDA, a marker kernel and a timed event."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.host_s: list[float] = []
+        self.events: list = []
+
+    def __call__(self) -> None:
+        self.host_s.append(time.perf_counter())
+        if self.cuda:
+            import torch
+
+            torch.cuda._sleep(MARKER_CYCLES)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+
+    def host_gaps_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.host_s, self.host_s[1:])]
+
+    def gpu_gaps_s(self) -> list[float] | None:
+        """Seconds between consecutive markers on the GPU (after a synchronize); None without CUDA."""
+        if not self.cuda:
+            return None
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(self.events, self.events[1:])]
+
+
+def pass_names(grad_accum: int) -> list[tuple[str, int]]:
+    """The passes between consecutive markers, in order."""
+    return [(name, i) for i in range(grad_accum) for name in ("forward", "backward", "step")]
+
+
+def busy_between_markers_s(device_events: list[tuple[str, float, float]]) -> list[float]:
+    """Busy seconds of the device between consecutive marker kernels: the union of the other operations'
+    intervals (name, start_us, end_us) there. Overlapping operations (copies beside kernels) count once."""
+    events = sorted(device_events, key=lambda e: e[1])
+    out: list[float] = []
+    intervals: list[tuple[float, float]] | None = None
+    for name, start, end in events:
+        if MARKER_KERNEL in name:
+            if intervals is not None:
+                out.append(_union_us(intervals) / 1e6)
+            intervals = []
+        elif intervals is not None:
+            intervals.append((start, end))
+    return out
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def device_events_of_trace(trace: dict) -> list[tuple[str, float, float]]:
+    """(name, start_us, end_us) of a Chrome trace's device operations (torch.profiler's export)."""
+    return [(e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+            for e in trace.get("traceEvents", []) if e.get("cat") in DEVICE_CATEGORIES and "ts" in e]
+
+
+def pass_times(names: list[tuple[str, int]], host_gaps: list[list[float]], gpu_gaps: list[list[float]] | None,
+               busy: list[float] | None) -> list[PassTime]:
+    """Each pass's medians over the marked steps, and its busy seconds from the profiled one."""
+    out = []
+    for k, (name, micro) in enumerate(names):
+        span = statistics.median(g[k] for g in gpu_gaps) if gpu_gaps else None
+        out.append(PassTime(name, micro, statistics.median(g[k] for g in host_gaps), span,
+                            busy[k] if busy is not None and k < len(busy) else None))
+    return out
+
+
+def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None], grad_accum: int,
+                 writing: bool, path: str | Path, cuda: bool) -> None:
+    """MARKED_STEPS marked steps and one profiled on every rank; the writing rank writes the passes.
+    `run_step(mark)` runs one step calling `mark()` before each pass and once after the last."""
+    host_gaps, gpu_gaps, step_s = [], [], []
+    for _ in range(MARKED_STEPS):
+        marker = Marker(cuda)
+        sync()
+        start = time.perf_counter()
+        run_step(marker)
+        sync()
+        step_s.append(time.perf_counter() - start)
+        host_gaps.append(marker.host_gaps_s())
+        gaps = marker.gpu_gaps_s()
+        if gaps is not None:
+            gpu_gaps.append(gaps)
+    busy = None
+    if cuda:
+        import torch
+
+        sync()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            run_step(Marker(cuda))
+            sync()
+        if writing:
+            trace_path = Path(path).with_suffix(".trace.json")
+            prof.export_chrome_trace(str(trace_path))
+            busy = busy_between_markers_s(device_events_of_trace(json.loads(trace_path.read_text())))
+            trace_path.unlink()
+    if not writing:
+        return
+    passes = pass_times(pass_names(grad_accum), host_gaps, gpu_gaps or None, busy)
+    summary = {"device": "cuda" if cuda else "cpu", "marked_steps": MARKED_STEPS,
+               "step_s": statistics.median(step_s),
+               "passes": [{**asdict(p), "gpu_idle_s": p.gpu_idle_s} for p in passes]}
+    Path(path).write_text(json.dumps(summary, indent=1))
