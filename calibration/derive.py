@@ -125,6 +125,8 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
     for block in ("layer_elementwise", "vision_elementwise"):  # the same kernels, as bytes: at the target's own HBM bandwidth
         if gpu.get(block):
             gpu[block] = {k: carried(v) for k, v in gpu[block].items()}
+    if gpu.get("optimizer_step_bytes_per_param"):  # the same step's kernels, as bytes: likewise
+        gpu["optimizer_step_bytes_per_param"] = carried(gpu["optimizer_step_bytes_per_param"])
     host = ref["host"]
     # CPUAdam is memory-bound: the reference's params/s per byte/s of its measured host memory
     # bandwidth, at the target's datasheet bandwidth (an upper bound: peak, not measured).

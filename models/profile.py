@@ -160,6 +160,10 @@ class GpuSpec(_Strict):
     layer_elementwise: LayerElementwise | None = None
     # A ViT block's, likewise; None: the counted bytes.
     vision_elementwise: VisionElementwise | None = None
+    # The optimizer step's GPU work per trainable parameter kept on the GPU, as bytes at this HBM
+    # bandwidth, measured from the step's busy time in real runs (`calibration.optimizer_step`). None
+    # (older profiles): FusedAdam's counted bytes (models.timing), which on H200 were a third of it.
+    optimizer_step_bytes_per_param: Bytes | None = None
     power_cap: Watts
 
     def attention_rates(self, seq_len, head_dim) -> tuple[float, float]:

@@ -48,8 +48,9 @@ PHASES = (
 )
 # Phases whose time is GPU compute (they can hide communication, and run at compute power).
 COMPUTE_PHASES = ("compute", "attention", "elementwise", "recompute", "vision_compute", "vision_recompute")
-# GPU FusedAdam bytes per parameter: read fp32 master, m, v, grad (16), write master, m, v (12),
-# write the bf16 copy (2), and the bf16 -> fp32 gradient conversion (read 2, write 4).
+# GPU FusedAdam bytes per parameter as counted: read fp32 master, m, v, grad (16), write master, m, v
+# (12), write the bf16 copy (2), and the bf16 -> fp32 gradient conversion (read 2, write 4). Where the
+# profile measured the step (`GpuSpec.optimizer_step_bytes_per_param`) its figure is used instead.
 GPU_ADAM_BYTES_PER_PARAM = 36.0
 
 
@@ -360,7 +361,14 @@ class _Optimizer:
 def _optimizer(profile: HardwareProfile, b: StrategyBatch, lay: Layout, last_backward_s) -> _Optimizer:
     r, p_rank = lay.offload_fraction, lay.trainable_per_rank
     hbm = profile.gpu.hbm_bandwidth.value * profile.overheads.compute_efficiency.value
-    opt_gpu = GPU_ADAM_BYTES_PER_PARAM * (1 - r) * p_rank / hbm
+    # The step's GPU work outside Adam's own bytes (the gradient norm and clipping, casts and copies,
+    # tensor by tensor in part) made H200's steps three times the counted bytes' time, at every ZeRO stage.
+    # Measured in real steps, their figure is taken as it ran, without the fitted efficiency.
+    measured = profile.gpu.optimizer_step_bytes_per_param
+    if measured is not None:
+        opt_gpu = measured.value * (1 - r) * p_rank / profile.gpu.hbm_bandwidth.value
+    else:
+        opt_gpu = GPU_ADAM_BYTES_PER_PARAM * (1 - r) * p_rank / hbm
     cpu_rate = profile.host.cpu_adam_per_rank(cpu_threads(b, profile), lay.ranks_per_node,
                                               profile.gpus_per_node.value)
     cpu_busy = r * p_rank / cpu_rate

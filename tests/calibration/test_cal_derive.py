@@ -44,6 +44,9 @@ def test_what_no_datasheet_states_is_the_reference_s(derived):
     # a layer's elementwise kernels as bytes: the same kernels, at GH200's own HBM bandwidth
     assert derived.gpu.layer_elementwise.per_hidden.value == h200.gpu.layer_elementwise.per_hidden.value
     assert "no datasheet figure" in derived.gpu.layer_elementwise.per_ffn.source
+    # so is the optimizer step's work per parameter
+    assert derived.gpu.optimizer_step_bytes_per_param.value == h200.gpu.optimizer_step_bytes_per_param.value
+    assert "no datasheet figure" in derived.gpu.optimizer_step_bytes_per_param.source
     # each pass's share of the host's issue time: the same Python, no datasheet figure
     assert derived.host.pass_issue.backward.value == h200.host.pass_issue.backward.value
     assert "no datasheet figure" in derived.host.pass_issue.recompute.source

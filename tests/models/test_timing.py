@@ -670,3 +670,15 @@ def test_profiles_without_the_hook_measurement_charge_every_pass_a_forwards_hook
     workload, strategy = Workload(load_architecture("qwen2.5-0.5b"), 512), Strategy(gpus=1, zero_stage=3, checkpoint_every=1)
     assert predict(workload, strategy, bare).step_time_s == pytest.approx(
         predict(workload, strategy, _with_passes({}, 1.0, 1.0, 1.0, key="host.zero3_hook_pass")).step_time_s)
+
+
+def test_the_optimizer_steps_gpu_time_is_the_measured_bytes_per_parameter_at_hbm_where_measured(gh200):
+    z1 = Strategy(gpus=2, gpus_per_node=2, zero_stage=1)
+    counted = _phases(z1, gh200)["optimizer_gpu"]
+    hbm = gh200.gpu.hbm_bandwidth.value
+    assert counted == pytest.approx(36.0 * P7 / 2 / hbm)  # FusedAdam's counted bytes, each rank its half
+    measured = _with({"gpu.optimizer_step_bytes_per_param": {"value": 108.0, "unit": "bytes", "source": "test"},
+                      "overheads.compute_efficiency": 0.5})  # measured in real steps: no fitted efficiency on it
+    assert _phases(z1, measured)["optimizer_gpu"] == pytest.approx(108.0 * P7 / 2 / hbm)
+    offloaded = Strategy(gpus=2, gpus_per_node=2, zero_stage=1, offload_optimizer="cpu")
+    assert _phases(offloaded, measured)["optimizer_gpu"] == 0.0
