@@ -213,6 +213,11 @@ class ProfileBuilder:
             "power_cap": cap,
             **({"layer_elementwise": layers} if (layers := self.layer_elementwise(bandwidth)) else {}),
             **({"vision_elementwise": vit} if (vit := self.vision_elementwise(bandwidth)) else {}),
+            # No calibration family measures the optimizer step: real runs' phase traces do
+            # (calibration.optimizer_step). The reference's, labelled, where it has one: its fitted
+            # overheads assume it.
+            **({"optimizer_step_bytes_per_param": step} if (step := self.from_ref(
+                "gpu.optimizer_step_bytes_per_param", "not measured by a calibration")) else {}),
         }
 
     def host(self) -> dict:

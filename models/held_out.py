@@ -69,6 +69,39 @@ def _held_out_fold(runs: list[MeasuredRun], i: int, base_profile: HardwareProfil
     return HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile)
 
 
+def k_fold(runs: list[MeasuredRun], base_profile: HardwareProfile, folds: int, estimator: ProfileFit | None = None,
+           full_fit: ProfileFit | None = None, jobs: int = 1,
+           on_fold: Callable[[int], None] | None = None) -> list[HeldOutPrediction]:
+    """Refit without each of `folds` folds in turn and predict its runs (in `runs`' order): `folds` refits
+    where leave-one-out makes one a run (on 273 runs five folds took minutes where leave-one-out took
+    nearly two hours on two cores). Each refit starts from the full fit's values, as leave-one-out's do."""
+    base_profile = prefit_profile(base_profile)
+    settings = (estimator or ProfileFit()).get_params()
+    if full_fit is None:
+        full_fit = ProfileFit(**settings).fit(runs, base_profile)
+    warm = {name: f.value for name, f in full_fit.parameters_.items()}
+    held_out = _folds(len(runs), min(folds, len(runs)), seed=0)
+    by_run: dict[int, HeldOutPrediction] = {}
+    tasks = (delayed(_held_out_runs)(runs, held, base_profile, settings, warm) for held in held_out)
+    for done in Parallel(n_jobs=jobs, return_as="generator")(tasks):
+        by_run.update(done)
+        if on_fold:
+            on_fold(len(by_run))
+    return [by_run[i] for i in sorted(by_run)]
+
+
+def _held_out_runs(runs: list[MeasuredRun], held: set[int], base_profile: HardwareProfile, settings: dict,
+                   warm: dict[str, float]) -> dict[int, HeldOutPrediction]:
+    """The `held` runs predicted by a profile fitted to the others (one fold, for a worker of its own)."""
+    others = [r for i, r in enumerate(runs) if i not in held]
+    profile = ProfileFit(**settings).fit(others, base_profile, warm_start=warm).profile_
+    out = {}
+    for i in held:
+        p = predict(runs[i].workload, runs[i].strategy, runs[i].on_its_host(profile))
+        out[i] = HeldOutPrediction(runs[i], p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, profile)
+    return out
+
+
 PRIOR_GRID = (1e-3, 1e-2, 1e-1)
 
 

@@ -33,10 +33,11 @@ def shipped_by_key() -> dict:
 
 
 def worst_keys(report: dict, records: dict, gpus: int, max_step_s: float) -> list[tuple[float, str]]:
-    """(larger of the time and energy errors, run key) of the report's leave-one-out runs on `gpus` GPUs
-    (as their records say), worst first."""
+    """(larger of the time and energy errors, run key) of the report's held-out runs (leave-one-out's
+    or k-fold's) on `gpus` GPUs (as their records say), worst first."""
     out = []
-    for run in report["leave_one_out"]["runs"]:
+    held = report.get("leave_one_out") or report["held_out"]  # leave-one-out's runs, or k-fold's
+    for run in held["runs"]:
         measured, predicted = run["measured"], run["predicted"]
         record = records.get(run["run_id"])
         if record is None or record.candidate.gpus != gpus or measured["step_time_s"] > max_step_s:

@@ -194,7 +194,7 @@ def test_only_collectives_with_a_reference_fills_the_rest():
 
 def test_only_the_cpu_optimizer_with_a_reference_keeps_its_attention_head_dim_ratios():
     """`--only cpu_adam --fill-from h200` had dropped h200's head-dim ratios (absent keys are not
-    filled), so attention at head dim 64 ran 1.3x too fast in the new profile."""
+    filled), so attention at head dim 64 ran 1.3x too fast in the new profile; and keeps its optimizer step."""
     from models.profile import load_profile
 
     ref = load_profile("h200")
@@ -203,6 +203,10 @@ def test_only_the_cpu_optimizer_with_a_reference_keeps_its_attention_head_dim_ra
     assert p.gpu.attention_fwd_head_dim_ratio.y == ref.gpu.attention_fwd_head_dim_ratio.y
     assert p.gpu.attention_bwd_head_dim_ratio.y == ref.gpu.attention_bwd_head_dim_ratio.y
     assert p.gpu.attention_fwd_head_dim_ratio.source.startswith("from profile 'h200'")
+    # the optimizer step's work, which no family measures, likewise: the reference's fitted overheads assume it
+    assert p.gpu.optimizer_step_bytes_per_param.value == ref.gpu.optimizer_step_bytes_per_param.value
+    assert p.gpu.optimizer_step_bytes_per_param.source.startswith("from profile 'h200' (not measured by a calibration)")
+    assert parse_profile(build()).gpu.optimizer_step_bytes_per_param is None  # no reference: the counted bytes
 
 
 def test_the_profile_writer_counts_attention_as_the_cost_model_does(tmp_path):

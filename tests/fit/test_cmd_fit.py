@@ -166,3 +166,21 @@ def test_a_stopped_refit_takes_its_worker_processes_with_it(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_fit_by_folds_reports_and_bands_them_under_their_own_name(files, tmp_path):
+    folder, _ = files
+    out = tmp_path / "folds.json"
+    result = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json", "--out", out,
+                 "--folds", 3, "--prior-strength", "0.001", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert "leave_one_out" not in report and report["held_out"]["mode"] == "3-fold cross-validation"
+    assert len(report["held_out"]["runs"]) == 9
+    from models.band import band_path, load_band
+    band, why = load_band(out, load_profile(out).to_json())
+    assert band is not None, why
+    assert json.loads(band_path(out).read_text())["source"] == "3-fold cross-validation of advisor fit over 9 runs"
+    refused = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json", "--out", out,
+                  "--folds", 3, "--no-loo")
+    assert refused.exit_code == 2 and "--folds" in refused.output and "Traceback" not in refused.output

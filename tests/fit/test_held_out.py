@@ -1,4 +1,4 @@
-"""Leave-one-out: small error where the runs inform the held-out run, no leak of the held-out
+"""Leave-one-out and k-fold: small error where the runs inform the held-out run, no leak of the held-out
 run into its own fit, and honest error where only that run informed a constant."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from synthetic import synthetic_runs
 
 from models.fit import ProfileFit, fitted_run_ids
-from models.held_out import leave_one_out
+from models.held_out import k_fold, leave_one_out
 from models.predict import predict
 
 
@@ -104,3 +104,21 @@ def test_a_refit_says_what_its_refits_will_take_and_how_far_they_are(small_runs,
     quiet = []
     refit(small_runs, base, prior=0.01, loo=False, progress=quiet.append)
     assert quiet == []  # no refits, no estimate of them
+
+
+def test_k_fold_predicts_every_run_once_in_order_from_a_fit_without_its_fold(small_runs, base, small_fit):
+    held = k_fold(small_runs, base, 4, full_fit=small_fit)
+    assert [h.run.run_id for h in held] == [r.run_id for r in small_runs]
+    folds = {}
+    for h in held:
+        ids = fitted_run_ids(h.profile)
+        assert h.run.run_id not in ids  # its own fold is left out of its fit
+        folds.setdefault(frozenset(ids), []).append(h.run.run_id)
+    assert len(folds) == 4 and sum(len(v) for v in folds.values()) == len(small_runs)
+    for ids, members in folds.items():  # each fit holds out exactly the runs it predicts
+        assert ids | set(members) == {r.run_id for r in small_runs} and not ids & set(members)
+    time_err = np.array([h.step_time_s / h.run.step_time_s - 1 for h in held])
+    assert np.median(np.abs(time_err)) < 0.03
+    first = held[0]
+    again = predict(first.run.workload, first.run.strategy, first.run.on_its_host(first.profile))
+    assert first.step_time_s == pytest.approx(again.step_time_s)

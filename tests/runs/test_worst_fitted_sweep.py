@@ -38,6 +38,8 @@ def test_the_worst_of_a_gpu_count_come_first_by_the_larger_of_their_two_errors()
                for key, gpus in (("a", 1), ("b", 1), ("c", 2), ("d", 1))}
     assert [key for _, key in worst_keys(report, records, gpus=1, max_step_s=1.5)] == ["b", "a"]
     assert [key for _, key in worst_keys(report, records, gpus=2, max_step_s=1.5)] == ["c"]
+    k_fold_report = {"held_out": report["leave_one_out"]}  # `advisor fit --folds`'s report reads the same
+    assert [key for _, key in worst_keys(k_fold_report, records, gpus=1, max_step_s=1.5)] == ["b", "a"]
 
 
 def test_the_sweep_runs_each_settings_own_config_under_its_old_key(tmp_path):
