@@ -24,6 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
+from calibration import profile_destination
 from calibration.fitting import COLLECTIVE_OPS
 from calibration.profile_writer import ProfileBuilder, relabel
 from calibration.rawlog import RawLogMismatch, read_raw
@@ -124,15 +125,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("raw", nargs="+", help="raw JSONL (several: one machine's runs, pooled) of an `advisor calibrate --only collective` (or cpu_adam_threads, "
                                "param_refresh, host_issue, pass_issue, zero3_hooks, wait_decay, attention, layer_elementwise, vision_elementwise) run")
-    p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
-    p.add_argument("--out", help="where to write (default: over --into when it is a path)")
+    profile_destination.add_arguments(p)
     args = p.parse_args(argv)
-    out = Path(args.out or args.into)
-    if out.suffix != ".json":
-        p.error("--out must be a .json path when --into is a profile name")
+    out = profile_destination.out_path(p, args)
     try:
         merged = merged_profile(args.raw, args.into)
-        out.write_text(json.dumps(merged, indent=2) + "\n")
+        profile_destination.write(merged, out)
     except (OSError, ValueError, RawLogMismatch) as exc:  # missing or unreadable files, nothing to merge
         raise SystemExit(f"error: {' '.join(str(exc).split())}") from None
     print(f"wrote {out}")

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibration import profile_destination
 from models.profile import load_profile, parse_profile
 
 
@@ -87,16 +88,13 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", action="append", required=True, help="run records (JSONL); repeatable")
     p.add_argument("--traces", required=True, help="folder of the runs' phase traces, KEY.json each")
-    p.add_argument("--into", required=True, help="profile (name or JSON path) to take everything else from")
-    p.add_argument("--out", help="where to write (default: over --into when it is a path)")
+    profile_destination.add_arguments(p)
     args = p.parse_args(argv)
-    out = Path(args.out or args.into)
-    if out.suffix != ".json":
-        p.error("--out must be a .json path when --into is a profile name")
+    out = profile_destination.out_path(p, args)
     try:
         steps = traced_steps(args.runs, args.traces)
         data = with_optimizer_step(args.into, steps, ", ".join(Path(r).name for r in args.runs))
-        out.write_text(json.dumps(data, indent=2) + "\n")
+        profile_destination.write(data, out)
     except (OSError, ValueError) as exc:  # missing files, no usable run
         raise SystemExit(f"error: {' '.join(str(exc).split())}") from None
     value = data["gpu"]["optimizer_step_bytes_per_param"]["value"]

@@ -126,7 +126,8 @@ def test_a_step_the_host_sets_is_named_and_a_gpu_bound_one_is_not():
 
     short = predict(Workload(load_architecture("qwen2.5-1.5b"), 512), Strategy(gpus=1, zero_stage=3), H200)
     (note,) = host_bound_notes(short)
-    assert note.startswith("note: 9") and "wider one of host-bound steps" in note  # 0.46-0.71 s measured, nearly all host
+    share_pct = int(note.removeprefix("note: ").split("%")[0])
+    assert share_pct >= 85 and "wider one of host-bound steps" in note  # 0.46-0.71 s measured, nearly all host
     assert "--validate K" in note  # where one run each cannot rank them, measuring in rounds can
     long = predict(Workload(load_architecture("llama-2-7b"), 32768), Strategy(gpus=4, gpus_per_node=4, zero_stage=3,
                                                                              sp=4, checkpoint_every=1), H200)
