@@ -74,7 +74,7 @@ def _runs_summary(run_set) -> dict:
                    "to stderr.")
 @click.option("--folds", type=click.IntRange(min=2), default=None,
               help="Hold out this many folds in turn instead of each run (as many refits: minutes where "
-                   "leave-one-out takes an hour); the report and band say which.")
+                   "leave-one-out takes an hour or two); the report and band say which.")
 @click.option("--prior-strength", "prior_text", default="cv", show_default=True,
               help="How strongly constants stay at their starting values: a number, or 'cv' to pick "
                    "0.001, 0.01 or 0.1 by 5-fold cross-validation.")
@@ -83,8 +83,8 @@ def _runs_summary(run_set) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, as_json):
     """Fit the profile's efficiency, overlap, overhead and power constants to measured runs and
-    write the refined profile; print leave-one-out error per strategy family, and write the 90%
-    prediction band those errors give beside the profile (PROFILE.band.json)."""
+    write the refined profile; print leave-one-out error (K-fold's with --folds) per strategy family,
+    and write the 90% prediction band those errors give beside the profile (PROFILE.band.json)."""
     from advisor.accuracy import format_report
     from advisor.refit import refit, to_stderr
     from models.band import band_path

@@ -80,7 +80,8 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     if folds:
         progress(f"fitted to {len(runs)} runs in {fit_s:.0f} s; now {folds} folds held out in turn ({folds} refits "
                  f"on {workers} processes): about {_minutes(fit_s * folds / min(workers, folds))}")
-        held = k_fold(runs, base, folds, estimator=model, full_fit=model, jobs=jobs)
+        held = k_fold(runs, base, folds, estimator=model, full_fit=model, jobs=jobs,
+                      on_fold=_fold_progress(len(runs), progress))
         how = f"{folds}-fold cross-validation"
         report = accuracy_report(compare_held_out(held), how, base.describe())
         return Refit(model, base, strength, scores, held, report, band_of(held, model.profile_, how))

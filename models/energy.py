@@ -56,7 +56,7 @@ assert set(PHASE_POWER) == set(PHASES)
 HOT_POWERS = ("compute", "memory_bound", "overlap")
 
 
-def optimizer_dense_share(profile: HardwareProfile) -> float:
+def optimizer_adam_share(profile: HardwareProfile) -> float:
     """Of the optimizer step's GPU time, the share that streams FusedAdam's own bytes, at memory-bound
     power; the rest (norms, casts and copies launched tensor by tensor, kernels of microseconds with the
     host issuing between them) draws the wait power. Chosen, not measured: the step's power was not
@@ -103,7 +103,7 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
     cpu_extra_w = max(cp.optimizer.value - cp.idle.value, 0.0) * busy_cores / profile.host.cores.value  # per node
     wait_w = gp.wait.value
     phase_w = {name: getattr(gp, PHASE_POWER[name]).value for name in PHASES}
-    adam_share = optimizer_dense_share(profile)
+    adam_share = optimizer_adam_share(profile)
     phase_w["optimizer_gpu"] = adam_share * phase_w["optimizer_gpu"] + (1.0 - adam_share) * wait_w
     for name in COMPUTE_PHASES:
         phase_w[name] = (1.0 - share) * phase_w[name] + share * overlap_w

@@ -73,8 +73,9 @@ def k_fold(runs: list[MeasuredRun], base_profile: HardwareProfile, folds: int, e
            full_fit: ProfileFit | None = None, jobs: int = 1,
            on_fold: Callable[[int], None] | None = None) -> list[HeldOutPrediction]:
     """Refit without each of `folds` folds in turn and predict its runs (in `runs`' order): `folds` refits
-    where leave-one-out makes one a run (on 273 runs five folds took minutes where leave-one-out took
-    nearly two hours on two cores). Each refit starts from the full fit's values, as leave-one-out's do."""
+    where leave-one-out makes one a run (on 273 runs and two cores, five folds took about five minutes;
+    leave-one-out put itself at nearly two hours). Each refit starts from the full fit's values, as
+    leave-one-out's do. `on_fold(n)` is told each time a fold is done, n the runs predicted so far."""
     base_profile = prefit_profile(base_profile)
     settings = (estimator or ProfileFit()).get_params()
     if full_fit is None:

@@ -166,10 +166,10 @@ def test_a_wait_decay_without_time_is_refused_by_name(decay, key):
 
 def test_the_optimizer_steps_work_beyond_adams_bytes_draws_the_wait_power():
     s = Strategy(gpus=2, gpus_per_node=2, zero_stage=1)
-    measured = {"value": 144.0, "unit": "bytes", "source": "test"}
-    for bytes_per_param, adam_share in ((None, 1.0), (measured, 0.25)):  # FusedAdam's 36 of 144
-        p = profile_with({"power.nvml_scope": "gpu", "power.gpu.wait_decay": None,
-                          "gpu.optimizer_step_bytes_per_param": bytes_per_param})
+    measured = profile_with({"power.nvml_scope": "gpu", "power.gpu.wait_decay": None,
+                             "gpu.optimizer_step_bytes_per_param": 144.0})
+    counted = measured.model_copy(update={"gpu": measured.gpu.model_copy(update={"optimizer_step_bytes_per_param": None})})
+    for p, adam_share in ((counted, 1.0), (measured, 0.25)):  # FusedAdam's 36 of 144
         phase = next(ph for ph in predict(W7, s, p).breakdown if ph.name == "optimizer_gpu")
         gw = p.power.gpu
         watts = adam_share * gw.memory_bound.value + (1 - adam_share) * gw.wait.value
