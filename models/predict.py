@@ -232,16 +232,28 @@ def _as_batch(b: StrategyBatch) -> StrategyBatch:
     return StrategyBatch(**cols)
 
 
+def _memory_and_timing(workload: Workload, b: StrategyBatch, profile: HardwareProfile):
+    """The memory estimate and step timing of every strategy in `b` (one owner of the model's chain)."""
+    counts = count_params(workload)
+    work = flops.micro_step_work(workload, b.micro_batch, b.sp, b.checkpoint_every, profile.gpu.layer_elementwise,
+                                 profile.gpu.vision_elementwise)
+    mem = memory.estimate(workload, counts, work, b, profile)
+    return mem, timing.step_timing(workload, counts, work, mem, b, profile)
+
+
+def step_timing(workload: Workload, strategy: Strategy, profile: HardwareProfile) -> timing.StepTiming:
+    """One strategy's step timing with the model's insides (each pass's issue and GPU time), for checks
+    against measured passes (benchmarks/phase_passes.py)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return _memory_and_timing(workload, _as_batch(StrategyBatch.from_strategies([strategy])), profile)[1]
+
+
 def predict_batch(workload: Workload, batch: StrategyBatch, profile: HardwareProfile) -> BatchPrediction:
     """Time, energy, memory and feasibility of every strategy in `batch` (vectorised)."""
     b = _as_batch(batch)
     assert len({len(getattr(b, f.name)) for f in dataclasses.fields(StrategyBatch)}) == 1, "ragged batch"
-    counts = count_params(workload)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        work = flops.micro_step_work(workload, b.micro_batch, b.sp, b.checkpoint_every, profile.gpu.layer_elementwise,
-                                     profile.gpu.vision_elementwise)
-        mem = memory.estimate(workload, counts, work, b, profile)
-        tm = timing.step_timing(workload, counts, work, mem, b, profile)
+        mem, tm = _memory_and_timing(workload, b, profile)
         en = energy_mod.step_energy(tm, b, profile)
         global_batch = b.micro_batch * b.dp * b.grad_accum
         tokens_per_s = global_batch * workload.seq_len / tm.step_time_s

@@ -29,7 +29,7 @@ Assumptions to know:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -163,6 +163,10 @@ class StepTiming:
     # there between one module's kernels and the next's, in `hook_gaps` gaps a step.
     hook_wait_s: np.ndarray
     hook_gaps: np.ndarray
+    # The last micro-step's passes as the model sees them (for checks against phase traces,
+    # calibration/harness/phase_trace.py): the host's issue time and the GPU's work of each.
+    pass_issue_s: dict[str, np.ndarray] = field(default_factory=dict)
+    pass_gpu_s: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.ndarray]:
@@ -390,6 +394,8 @@ class _Overhead:
     issue_wait_s: np.ndarray
     hook_wait_s: np.ndarray
     hook_gaps: np.ndarray
+    forward_issue_s: np.ndarray  # the host's issue time of one micro-step's forward
+    last_backward_issue_s: np.ndarray  # and of the backward that ends the accumulation
 
 
 @dataclass(frozen=True)
@@ -484,7 +490,7 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
                  + wait_b_last * divide_or_zero(hooks_b, issue_b_last))
     passes = np.where(lay.z3, ps.forward_modules + ps.backward_modules + ps.recompute_modules, 0.0)
     return _Overhead(step_s=overhead, issue_wait_s=ga * wait_f + (ga - 1.0) * wait_b_normal + wait_b_last,
-                     hook_wait_s=hook_wait, hook_gaps=ga * passes)
+                     hook_wait_s=hook_wait, hook_gaps=ga * passes, forward_issue_s=issue_f, last_backward_issue_s=issue_b_last)
 
 
 def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
@@ -539,4 +545,6 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     return StepTiming(phase_time_s=phases, step_time_s=step, overlapped_compute_s=overlapped,
                       cpu_optimizer_busy_s=opt.cpu_busy_s + refresh.cpu_busy_s + z,
                       host_issue_wait_s=host.issue_wait_s + z, hook_wait_s=host.hook_wait_s + z,
-                      hook_gaps=host.hook_gaps + z)
+                      hook_gaps=host.hook_gaps + z,
+                      pass_issue_s={"forward": host.forward_issue_s + z, "backward": host.last_backward_issue_s + z},
+                      pass_gpu_s={"forward": gpu.forward + z, "backward": gpu.last_backward + z})

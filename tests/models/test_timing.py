@@ -684,3 +684,16 @@ def test_the_optimizer_steps_gpu_time_is_the_measured_bytes_per_parameter_at_hbm
     assert _phases(z1, measured)["optimizer_gpu"] == pytest.approx(108.0 * P7 / 2 / hbm)
     offloaded = Strategy(gpus=2, gpus_per_node=2, zero_stage=1, offload_optimizer="cpu")
     assert _phases(offloaded, measured)["optimizer_gpu"] == 0.0
+
+
+def test_the_passes_issue_and_gpu_times_are_those_the_step_waits_on():
+    """`models.predict.step_timing` exposes each pass's issue and GPU time (for benchmarks/phase_passes.py):
+    one micro-step on one GPU waits on the host for exactly their smooth max's excess, pass by pass."""
+    from models.predict import step_timing
+    from models.timing import host_wait_s
+
+    small = Workload(load_architecture("qwen2.5-0.5b"), 1024)
+    tm = step_timing(small, Strategy(zero_stage=3, checkpoint_every=1), load_profile("h200"))
+    issue, gpu = tm.pass_issue_s, tm.pass_gpu_s
+    waits = sum(float(host_wait_s(issue[name][0], gpu[name][0])) for name in ("forward", "backward"))
+    assert waits > 0 and float(tm.host_issue_wait_s[0]) == pytest.approx(waits)

@@ -1,0 +1,102 @@
+"""Each pass of a traced step against the model's: the host's time, the GPU's busy time and the GPU's span.
+
+    python benchmarks/phase_passes.py --runs RUNS.jsonl --traces DIR [--profile h200] [--json]
+
+DIR holds the runs' phase traces (`ADVISOR_PHASE_TRACE`, `calibration/harness/phase_trace.py`), one
+`KEY.json` per record of RUNS. For the last micro-step of each run, predicted on the host its probes
+measured: the forward's and the backward's host seconds against the model's issue time, their GPU busy
+seconds against the model's GPU work, and their GPU span against the model's pass (the GPU's work and its
+wait on the host); the optimizer step's GPU busy seconds against the model's `optimizer_gpu`. Why: the
+step-time error of a run says that the model missed, these say in which pass and on which side (machines
+AW and AX, 2026-12-03: the optimizer step's GPU work, and the checkpointed ZeRO-3 forward's host time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from models.predict import step_timing  # noqa: E402
+from models.profile import ProfileError, load_profile  # noqa: E402
+from models.timing import host_wait_s  # noqa: E402
+from runs.jsonl import RunFileError, read_records  # noqa: E402
+from runs.measured import to_measured_run  # noqa: E402
+
+PASSES = ("forward", "backward")
+
+
+def pass_rows(records, traces: Path, profile) -> list[dict]:
+    """One row a traced run: measured and modelled seconds of its last micro-step's passes."""
+    rows = []
+    for record in records:
+        path = traces / f"{record.key}.json"
+        if record.result.status != "ok" or not path.exists():
+            continue
+        run = to_measured_run(record)
+        passes = {(p["name"], p["micro_step"]): p for p in json.loads(path.read_text())["passes"]}
+        last = run.strategy.grad_accum - 1
+        tm = step_timing(run.workload, run.strategy, run.on_its_host(profile))
+        row = {"label": run.label, "step_time_s": run.step_time_s}
+        for name in PASSES:
+            measured = passes[(name, last)]
+            issue, gpu = float(tm.pass_issue_s[name][0]), float(tm.pass_gpu_s[name][0])
+            row[name] = {"host_s": measured["host_s"], "model_issue_s": issue,
+                         "gpu_busy_s": measured["gpu_busy_s"], "model_gpu_s": gpu,
+                         "gpu_span_s": measured["gpu_span_s"], "model_span_s": gpu + float(host_wait_s(issue, gpu))}
+        step = passes[("step", last)]
+        row["step"] = {"gpu_busy_s": step["gpu_busy_s"], "model_gpu_s": float(tm.phase_time_s["optimizer_gpu"][0]),
+                       "gpu_span_s": step["gpu_span_s"]}
+        rows.append(row)
+    return rows
+
+
+def _pair(measured, model) -> str:
+    if measured is None:
+        return "-"
+    return f"{measured * 1e3:.1f} / {model * 1e3:.1f} ({(model / measured - 1) * 100:+.0f}%)"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", action="append", required=True, help="run records (JSONL); repeatable")
+    p.add_argument("--traces", required=True, type=Path, help="folder of the runs' phase traces, KEY.json each")
+    p.add_argument("--profile", default="h200", help="profile name or JSON path (default h200)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = p.parse_args(argv)
+    if not args.traces.is_dir():
+        p.error(f"--traces: no folder {args.traces}")
+    try:
+        profile = load_profile(args.profile)
+        records = [r for path in args.runs for r in read_records(path)]
+    except (ProfileError, RunFileError) as exc:
+        p.error(str(exc))
+    rows = pass_rows(records, args.traces, profile)
+    if not rows:
+        p.error(f"no run of {', '.join(args.runs)} has a phase trace in {args.traces}")
+    if args.json:
+        print(json.dumps({"profile": profile.describe(), "runs": rows}))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"ms, measured / model (model's error), last micro-step, each run on its probed host; {profile.describe()}")
+    for column in ("run", "forward host / issue", "forward GPU busy", "forward span", "backward host / issue",
+                   "backward GPU busy", "backward span", "step GPU busy"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for r in rows:
+        f, b, s = r["forward"], r["backward"], r["step"]
+        table.add_row(r["label"], _pair(f["host_s"], f["model_issue_s"]), _pair(f["gpu_busy_s"], f["model_gpu_s"]),
+                      _pair(f["gpu_span_s"], f["model_span_s"]), _pair(b["host_s"], b["model_issue_s"]),
+                      _pair(b["gpu_busy_s"], b["model_gpu_s"]), _pair(b["gpu_span_s"], b["model_span_s"]),
+                      _pair(s["gpu_busy_s"], s["model_gpu_s"]))
+    Console(width=220).print(table)
+    print("A pass whose GPU is busy for most of its span is the GPU's: its host seconds then include waiting on a "
+          "full launch queue, and say nothing of the issue time.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
