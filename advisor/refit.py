@@ -77,21 +77,20 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     fit_s = time.monotonic() - started
     if not loo:
         return Refit(model, base, strength, scores, None, None, None)
+    on_fold = _fold_progress(len(runs), progress)
     if folds:
         progress(f"fitted to {len(runs)} runs in {fit_s:.0f} s; now {folds} folds held out in turn ({folds} refits "
                  f"on {workers} processes): about {_minutes(fit_s * folds / min(workers, folds))}")
-        held = k_fold(runs, base, folds, estimator=model, full_fit=model, jobs=jobs,
-                      on_fold=_fold_progress(len(runs), progress))
+        held = k_fold(runs, base, folds, estimator=model, full_fit=model, jobs=jobs, on_fold=on_fold)
         how = f"{folds}-fold cross-validation"
-        report = accuracy_report(compare_held_out(held), how, base.describe())
-        return Refit(model, base, strength, scores, held, report, band_of(held, model.profile_, how))
-    progress(f"fitted to {len(runs)} runs in {fit_s:.0f} s; now each run left out in turn ({len(runs)} refits on "
-             f"{workers} processes, each starting from this fit's values and no longer than it): at most "
-             f"{_minutes(fit_s * len(runs) / workers)}, the tenths below tell")
-    held = leave_one_out(runs, base, estimator=model, full_fit=model, jobs=jobs,
-                         on_fold=_fold_progress(len(runs), progress))
-    report = accuracy_report(compare_held_out(held), "leave-one-out", base.describe())
-    return Refit(model, base, strength, scores, held, report, band_of(held, model.profile_))
+    else:
+        progress(f"fitted to {len(runs)} runs in {fit_s:.0f} s; now each run left out in turn ({len(runs)} refits on "
+                 f"{workers} processes, each starting from this fit's values and no longer than it): at most "
+                 f"{_minutes(fit_s * len(runs) / workers)}, the tenths below tell")
+        held = leave_one_out(runs, base, estimator=model, full_fit=model, jobs=jobs, on_fold=on_fold)
+        how = "leave-one-out"
+    report = accuracy_report(compare_held_out(held), how, base.describe())
+    return Refit(model, base, strength, scores, held, report, band_of(held, model.profile_, how))
 
 
 def to_stderr(message: str) -> None:

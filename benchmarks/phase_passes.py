@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.predict import step_timing  # noqa: E402
 from models.profile import ProfileError, load_profile  # noqa: E402
-from models.timing import host_wait_s  # noqa: E402
 from runs.jsonl import RunFileError, read_records  # noqa: E402
 from runs.measured import to_measured_run  # noqa: E402
 
@@ -42,10 +41,10 @@ def pass_rows(records, traces: Path, profile) -> list[dict]:
         row = {"label": run.label, "step_time_s": run.step_time_s}
         for name in PASSES:
             measured = passes[(name, last)]
-            issue, gpu = float(tm.pass_issue_s[name][0]), float(tm.pass_gpu_s[name][0])
-            row[name] = {"host_s": measured["host_s"], "model_issue_s": issue,
+            gpu = float(tm.pass_gpu_s[name][0])
+            row[name] = {"host_s": measured["host_s"], "model_issue_s": float(tm.pass_issue_s[name][0]),
                          "gpu_busy_s": measured["gpu_busy_s"], "model_gpu_s": gpu,
-                         "gpu_span_s": measured["gpu_span_s"], "model_span_s": gpu + float(host_wait_s(issue, gpu))}
+                         "gpu_span_s": measured["gpu_span_s"], "model_span_s": gpu + float(tm.pass_wait_s[name][0])}
         step = passes[("step", last)]
         row["step"] = {"gpu_busy_s": step["gpu_busy_s"], "model_gpu_s": float(tm.phase_time_s["optimizer_gpu"][0]),
                        "gpu_span_s": step["gpu_span_s"]}

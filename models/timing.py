@@ -164,9 +164,11 @@ class StepTiming:
     hook_wait_s: np.ndarray
     hook_gaps: np.ndarray
     # The last micro-step's passes as the model sees them (for checks against phase traces,
-    # calibration/harness/phase_trace.py): the host's issue time and the GPU's work of each.
+    # calibration/harness/phase_trace.py): the host's issue time, the GPU's work and the GPU's exposed
+    # wait on the host of each (a pass's GPU span is its work and its wait).
     pass_issue_s: dict[str, np.ndarray] = field(default_factory=dict)
     pass_gpu_s: dict[str, np.ndarray] = field(default_factory=dict)
+    pass_wait_s: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.ndarray]:
@@ -396,6 +398,8 @@ class _Overhead:
     hook_gaps: np.ndarray
     forward_issue_s: np.ndarray  # the host's issue time of one micro-step's forward
     last_backward_issue_s: np.ndarray  # and of the backward that ends the accumulation
+    forward_wait_s: np.ndarray  # the GPU's exposed wait on the host in that forward
+    last_backward_wait_s: np.ndarray  # and in that backward
 
 
 @dataclass(frozen=True)
@@ -490,7 +494,8 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
                  + wait_b_last * divide_or_zero(hooks_b, issue_b_last))
     passes = np.where(lay.z3, ps.forward_modules + ps.backward_modules + ps.recompute_modules, 0.0)
     return _Overhead(step_s=overhead, issue_wait_s=ga * wait_f + (ga - 1.0) * wait_b_normal + wait_b_last,
-                     hook_wait_s=hook_wait, hook_gaps=ga * passes, forward_issue_s=issue_f, last_backward_issue_s=issue_b_last)
+                     hook_wait_s=hook_wait, hook_gaps=ga * passes, forward_issue_s=issue_f, last_backward_issue_s=issue_b_last,
+                     forward_wait_s=wait_f, last_backward_wait_s=wait_b_last)
 
 
 def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
@@ -547,4 +552,5 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
                       host_issue_wait_s=host.issue_wait_s + z, hook_wait_s=host.hook_wait_s + z,
                       hook_gaps=host.hook_gaps + z,
                       pass_issue_s={"forward": host.forward_issue_s + z, "backward": host.last_backward_issue_s + z},
-                      pass_gpu_s={"forward": gpu.forward + z, "backward": gpu.last_backward + z})
+                      pass_gpu_s={"forward": gpu.forward + z, "backward": gpu.last_backward + z},
+                      pass_wait_s={"forward": host.forward_wait_s + z, "backward": host.last_backward_wait_s + z})

@@ -687,13 +687,20 @@ def test_the_optimizer_steps_gpu_time_is_the_measured_bytes_per_parameter_at_hbm
 
 
 def test_the_passes_issue_and_gpu_times_are_those_the_step_waits_on():
-    """`models.predict.step_timing` exposes each pass's issue and GPU time (for benchmarks/phase_passes.py):
-    one micro-step on one GPU waits on the host for exactly their smooth max's excess, pass by pass."""
+    """`models.predict.step_timing` exposes each pass's issue time, GPU time and wait (for
+    benchmarks/phase_passes.py): one micro-step on one GPU waits on the host for exactly their smooth
+    max's excess, pass by pass, and those waits are the step's issue waits."""
     from models.predict import step_timing
     from models.timing import host_wait_s
 
     small = Workload(load_architecture("qwen2.5-0.5b"), 1024)
     tm = step_timing(small, Strategy(zero_stage=3, checkpoint_every=1), load_profile("h200"))
-    issue, gpu = tm.pass_issue_s, tm.pass_gpu_s
-    waits = sum(float(host_wait_s(issue[name][0], gpu[name][0])) for name in ("forward", "backward"))
+    issue, gpu, wait = tm.pass_issue_s, tm.pass_gpu_s, tm.pass_wait_s
+    for name in ("forward", "backward"):
+        assert float(wait[name][0]) == pytest.approx(float(host_wait_s(issue[name][0], gpu[name][0])))
+    waits = sum(float(wait[name][0]) for name in ("forward", "backward"))
     assert waits > 0 and float(tm.host_issue_wait_s[0]) == pytest.approx(waits)
+    # on several GPUs ZeRO-3's serial share is in the pass's wait too, not only the smooth max
+    two = step_timing(small, Strategy(gpus=2, gpus_per_node=2, zero_stage=3, checkpoint_every=1), load_profile("h200"))
+    assert float(two.pass_wait_s["forward"][0]) > float(host_wait_s(two.pass_issue_s["forward"][0],
+                                                                    two.pass_gpu_s["forward"][0]))
