@@ -169,9 +169,22 @@ def on_lease_host(record: RunRecord, lease_us: dict[str, float]) -> RunRecord:
     return dataclasses.replace(record, result=dataclasses.replace(record.result, host_probe=probe))
 
 
+def run_identity(record: RunRecord) -> str:
+    """What makes two records repeats of one run: the record's key, with the threads it ran at where
+    the candidate does not say. A candidate's key names its threads only where it set them, so a run
+    made before runs set them (`LEGACY_THREADS_PER_RANK`) and the same run at that count set had two
+    keys: two candidates to the fit and two strategies to the pick-regret check, which then compared
+    a strategy with itself on two hosts (qwen2.5-1.5b 8k ZeRO-2 on 2 GPUs, 2026-11-29 and 12-01)."""
+    c = record.candidate
+    if c.strategy is None or c.strategy.get("cpu_threads_per_rank"):
+        return record.key
+    threads = record.result.cpu_threads_per_rank or LEGACY_THREADS_PER_RANK
+    return dataclasses.replace(c, strategy={**c.strategy, "cpu_threads_per_rank": threads}).key()
+
+
 def to_run_set(records: list[RunRecord]) -> RunSet:
-    """Usable runs of `records`: failed ones counted by status, repeats of a key averaged into one, each
-    probed run at the best measure of its host (`on_lease_host`)."""
+    """Usable runs of `records`: failed ones counted by status, repeats of a run (`run_identity`) averaged
+    into one, each probed run at the best measure of its host (`on_lease_host`)."""
     unique = list({(r.key, r.date): r for r in records}.values())  # one record read from two files is one run
     failed = Counter(r.result.status for r in unique if r.result.status in FAILED)
     by_key: dict[str, list[RunRecord]] = {}
@@ -179,7 +192,7 @@ def to_run_set(records: list[RunRecord]) -> RunSet:
     lease_us = lease_issue_us(timed)
     for record in sorted(timed, key=lambda r: r.date):
         record = on_lease_host(record, lease_us)
-        by_key.setdefault(record.key, []).append(record)
+        by_key.setdefault(run_identity(record), []).append(record)
     runs, skipped = [], [f"{r.key} {r.candidate.label}: no measured step time"
                          for r in unique if r.result.status == "ok" and not (r.result.step_time_s or 0) > 0]
     for repeats in by_key.values():

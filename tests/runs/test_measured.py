@@ -135,3 +135,27 @@ def test_a_run_probed_on_both_sides_of_its_window_keeps_its_own_host(records):
         half.result, host_probe={**half.result.host_probe, "issue_us_per_layer_window_start": 400.0}))
     runs = {r.run_id: r.host_issue_per_layer_s for r in to_run_set(leased + [_on(half, boot)]).runs}
     assert runs[records[4].key] == pytest.approx(200e-6)  # the median of 100, 200, 300, 60, 400
+
+
+def _at_threads(record, threads: int, minutes: int, step_scale: float):
+    """The record's run again with its thread count set, a later date and another step time."""
+    candidate = dataclasses.replace(record.candidate, strategy={**record.candidate.strategy,
+                                                                "cpu_threads_per_rank": threads})
+    result = dataclasses.replace(record.result, step_time_s=record.result.step_time_s * step_scale,
+                                 cpu_threads_per_rank=threads)
+    return RunRecord(candidate.key(), f"2026-12-01T11:{minutes:02d}:00+00:00", candidate, result)
+
+
+def test_a_run_that_did_not_name_its_threads_repeats_the_same_run_that_did(records):
+    """Before runs set their threads they ran at 16; the same candidate at 16 set has another key and is
+    the same run (one candidate to the fit and to the pick check), while 4 threads is another run."""
+    legacy = records[2]
+    assert not legacy.candidate.strategy.get("cpu_threads_per_rank")
+    named = _at_threads(legacy, 16, 0, 1.21)
+    fewer = _at_threads(legacy, 4, 1, 3.0)
+    assert len({legacy.key, named.key, fewer.key}) == 3
+    runs = to_run_set([legacy, named, fewer])
+    assert len(runs.runs) == 2 and runs.repeats == 1
+    by_threads = {r.strategy.cpu_threads_per_rank: r for r in runs.runs}
+    assert by_threads[16].step_time_s == pytest.approx(legacy.result.step_time_s * 1.1)
+    assert by_threads[4].step_time_s == pytest.approx(legacy.result.step_time_s * 3.0)
