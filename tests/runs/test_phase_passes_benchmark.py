@@ -43,3 +43,16 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
         done = run(*args)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.strip().splitlines()[-1].startswith("phase_passes.py: error:")
+
+
+def test_an_offload_runs_step_has_no_model_figure_to_compare():
+    """The trace's busy time of an offload step is mostly its host copies, which the model keeps apart."""
+    runs = REPO / "data" / "runs" / "h200-x1-phases-offload-heldout-2026-12-03.jsonl"
+    traces = REPO / "data" / "runs" / "phases" / "h200-x1-phases-offload-heldout-2026-12-03-BA"
+    done = run("--runs", runs, "--traces", traces, "--json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["runs"]
+    assert len(rows) == 5 and all(r["host_copies_in_gpu_busy"] for r in rows)
+    assert all(r["step"]["model_gpu_s"] is None and r["step"]["gpu_busy_s"] > 0 for r in rows)
+    table = run("--runs", runs, "--traces", traces)
+    assert table.returncode == 0 and "host copies" in table.stdout
