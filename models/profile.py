@@ -373,7 +373,11 @@ class Overheads(_Strict):
     `HostSpec.pass_issue`. A GPU whose work in a pass is shorter than the host's waits for it. The offload terms are per billion parameters
     stepped on the CPU, synchronous and SuperOffload apart, since their code paths differ; the
     synchronous path's `offload_step_serial_per_gparam` is the part that does not speed up with
-    threads (one Python thread), fitted from runs at 1 and 16 threads.
+    threads (one Python thread), fitted from runs at 1 and 16 threads. `zero3_offload_step_per_gparam` is
+    what ZeRO-3's synchronous offload step adds to that serial part: stage3.py steps its sub-groups and
+    walks their parameters one by one in Python, where ZeRO-1/2 step one flat partition (H200, machine BA,
+    2026-12-03: the optimizer call of qwen2.5-1.5b 4k took 1.43 s under ZeRO-3 against 0.67 s under ZeRO-2;
+    with one constant for both, ZeRO-3 offload ran 6% over its predictions and ZeRO-2 offload 4% under).
     `zero12_grad_hook` is ZeRO-1/2's Python hook per parameter tensor in each backward (it copies
     the gradient into the reduction bucket), on the same host thread; ZeRO-1's does that work only in
     the backward that ends the accumulation. `zero12_step_per_tensor` is
@@ -413,6 +417,8 @@ class Overheads(_Strict):
     offload_step_per_gparam: Seconds
     offload_step_serial_per_gparam: Seconds = Quantity(
         value=0.0, unit="s", source="not fitted: no offload runs at several thread counts (neutral value)")
+    zero3_offload_step_per_gparam: Seconds = Quantity(
+        value=0.0, unit="s", source="not fitted: profile written before it was modelled (neutral value)")
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
     # The host probe's issue time on the hosts `layer_pass`, `zero3_module_pass`, `zero12_grad_hook`,
