@@ -15,9 +15,9 @@ Waiting is not idling. When its work stops, the GPU's power falls toward `wait` 
 constant of about 0.3 times the busy stretch before (`power.gpu.wait_decay`, measured on H200 from
 40 us kernels to 100 ms bursts). So a wait right after busy work draws that work's power above
 `wait` for a "hot tail" of up to the time constant: the waits a step has once (DeepSpeed's step
-overhead, the CPU optimizer) after the last micro-step, from the micro-steps' mean power; ZeRO-3's
-hook waits, between one module's kernels and the next's, after each module's share of the dense
-work. The host's other issue waits, between kernels launched one by one, draw `wait`: host-bound
+overhead, the CPU optimizer) after the last micro-step, and ZeRO-3's hook waits, between one
+module's kernels and the next's, after each module's share of the dense work, both from the
+micro-steps' mean power. The host's other issue waits, between kernels launched one by one, draw `wait`: host-bound
 steps of small kernels stayed at idle power (H200: 125 W through steps of a 256-wide decoder).
 
 When the GPU meter reads module power (`power.nvml_scope == "module"`, GH200), the
@@ -122,14 +122,19 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
         return wait_s * wait_w + start_excess_w * hot_tail_s(profile, last_busy_s, wait_s)
 
     # ZeRO-3's hooks wait between one module's kernels and the next's: each of the step's gaps after
-    # its share of the dense work, at that work's power. The host's other issue waits come between
-    # kernels launched one by one, after stretches too short to heat them: at `wait` (with ZeRO-1/2's
-    # gradient hooks hot too, their host-bound steps came out 4% over in-sample).
+    # its share of the dense work, from the micro-steps' mean power as the step's own waits are. A GPU
+    # that waits on the host most of a micro-step never draws its dense power for long: on 18 phase-traced
+    # one-GPU ZeRO-3 steps (machines AW-AZ, 2026-12-03) the power left over beside their measured busy
+    # time at the model's busy power was 110-226 W, median 148 (wait 125); the model's own, with these
+    # tails, 128-227 W, median 143; with tails from the dense power it had been 141-294 W, median 177,
+    # against 151 measured (wait 120; `data/runs/README.md`). The host's other issue
+    # waits come between kernels launched one by one, after stretches too short to heat them: at `wait`
+    # (with ZeRO-1/2's gradient hooks hot too, their host-bound steps came out 4% over in-sample).
     gaps = timing.hook_gaps
     hooks_hot_s = gaps * hot_tail_s(profile, divide_or_zero(dense_s, gaps), divide_or_zero(timing.hook_wait_s, gaps))
     wait_energy = {  # per GPU
         "deepspeed_overhead": (once(step_wait) + issue_wait * wait_w
-                               + divide_or_zero(dense_excess_j, dense_s) * hooks_hot_s),
+                               + start_excess_w * hooks_hot_s),
         "cpu_optimizer": once(phases["cpu_optimizer"]),
     }
     gpu_e, cpu_e = {}, {}

@@ -144,15 +144,18 @@ def test_the_waits_of_a_step_start_at_its_micro_steps_mean_power():
     assert _overhead_w(_gpu_scope(), 1.0, 0.0, 0.05) == pytest.approx(wait)  # not measured: `wait`
 
 
-def test_zero3s_hook_waits_between_modules_are_hot_as_their_modules_work():
-    """100 gaps of 2 ms after 10 ms of compute each: a 5 ms time constant, each gap hot throughout
-    but for its fall (5 ms x (1 - e^-0.4) of it at the compute power, the rest at `wait`)."""
+def test_zero3s_hook_waits_between_modules_are_hot_from_their_micro_steps_mean_power():
+    """100 gaps of 2 ms after 10 ms of compute each: a 5 ms time constant, each gap's fall (5 ms x
+    (1 - e^-0.4) of it) above `wait` by the micro-step's mean excess, its 1 s of compute over 1.2 s."""
     p = _gpu_scope(wait_decay=DECAY)
     wait, compute = p.power.gpu.wait.value, p.power.gpu.compute.value
     hooks = _overhead_w(p, 1.0, 0.2, 0.0, hook_wait_s=0.2, hook_gaps=100)
-    assert hooks == pytest.approx(wait + (compute - wait) * 0.005 * -np.expm1(-0.4) / 0.002)
+    assert hooks == pytest.approx(wait + (compute - wait) / 1.2 * 0.005 * -np.expm1(-0.4) / 0.002)
     assert hooks > _overhead_w(p, 1.0, 0.2, 0.0) == pytest.approx(wait)  # the same waits off the hooks
     assert _overhead_w(p, 1.0, 0.2, 0.0, hook_wait_s=0.1, hook_gaps=100) < hooks
+    # The same hooks in a micro-step that waits on the host 0.8 s more: cooler by its mean power.
+    hot_j = lambda issue_wait_s: (_overhead_w(p, 1.0, issue_wait_s, 0.0, 0.2, 100) - wait) * issue_wait_s  # noqa: E731
+    assert hot_j(1.0) == pytest.approx(hot_j(0.2) * 1.2 / 2.0)
 
 
 @pytest.mark.parametrize("decay, key", [
