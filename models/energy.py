@@ -17,8 +17,9 @@ constant of about 0.3 times the busy stretch before (`power.gpu.wait_decay`, mea
 `wait` for a "hot tail" of up to the time constant: the waits a step has once (DeepSpeed's step
 overhead, the CPU optimizer) after the last micro-step, and ZeRO-3's hook waits, between one
 module's kernels and the next's, after each module's share of the dense work, both from the
-micro-steps' mean power. The host's other issue waits, between kernels launched one by one, draw `wait`: host-bound
-steps of small kernels stayed at idle power (H200: 125 W through steps of a 256-wide decoder).
+micro-steps' mean power. The host's other issue waits, between kernels launched one by one, draw
+`wait`: host-bound steps of small kernels stayed at idle power (H200: 125 W through steps of a
+256-wide decoder).
 
 When the GPU meter reads module power (`power.nvml_scope == "module"`, GH200), the
 profile's GPU figures already include the CPU and its memory at rest, and the CPU
@@ -127,9 +128,9 @@ def step_energy(timing: StepTiming, b: StrategyBatch, profile: HardwareProfile) 
     # one-GPU ZeRO-3 steps (machines AW-AZ, 2026-12-03) the power left over beside their measured busy
     # time at the model's busy power was 110-226 W, median 148 (wait 125); the model's own, with these
     # tails, 128-227 W, median 143; with tails from the dense power it had been 141-294 W, median 177,
-    # against 151 measured (wait 120; `data/runs/README.md`). The host's other issue
-    # waits come between kernels launched one by one, after stretches too short to heat them: at `wait`
-    # (with ZeRO-1/2's gradient hooks hot too, their host-bound steps came out 4% over in-sample).
+    # against 151 measured (wait 120; `data/runs/README.md`). The host's other issue waits come
+    # between kernels launched one by one, after stretches too short to heat them: at `wait` (with
+    # ZeRO-1/2's gradient hooks hot too, their host-bound steps came out 4% over in-sample).
     gaps = timing.hook_gaps
     hooks_hot_s = gaps * hot_tail_s(profile, divide_or_zero(dense_s, gaps), divide_or_zero(timing.hook_wait_s, gaps))
     wait_energy = {  # per GPU
