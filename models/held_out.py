@@ -39,13 +39,9 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
     values, less the held-out run: a family measured once is predicted, when held out, with
     the constants it alone informed at their starting values. The refits are independent: `jobs`
     processes share them (joblib; -1: one a core). `on_fold(n)` is told each time the n-th is done."""
-    base_profile = prefit_profile(base_profile)
-    settings = (estimator or ProfileFit()).get_params()
-    if full_fit is None:
-        full_fit = ProfileFit(**settings).fit(runs, base_profile)
+    base_profile, settings, warm = _warm_start(runs, base_profile, estimator, full_fit)
     settings.update(max_nfev=max_nfev, tol=tol)
     fold_model = ProfileFit(**settings)
-    warm = {name: f.value for name, f in full_fit.parameters_.items()}
     effects = fold_model.effects(runs, with_values(base_profile, warm))
     informed = [{name for name, e in effects.items() if np.max(np.delete(e, i), initial=0.0) > fold_model.min_effect}
                 for i in range(len(runs))]
@@ -61,12 +57,28 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
 def _held_out_fold(runs: list[MeasuredRun], i: int, base_profile: HardwareProfile, settings: dict,
                    warm: dict[str, float], informed: set[str]) -> HeldOutPrediction:
     """Run `i` predicted by a profile fitted to the others (one fold, for a worker of its own)."""
-    held, others = runs[i], runs[:i] + runs[i + 1:]
+    others = runs[:i] + runs[i + 1:]
     model_profile = base_profile
     if others:
         model_profile = ProfileFit(**settings).fit(others, base_profile, warm_start=warm, informed=informed).profile_
-    p = predict(held.workload, held.strategy, held.on_its_host(model_profile))
-    return HeldOutPrediction(held, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, model_profile)
+    return _predicted(runs[i], model_profile)
+
+
+def _warm_start(runs: list[MeasuredRun], base_profile: HardwareProfile, estimator: ProfileFit | None,
+                full_fit: ProfileFit | None) -> tuple[HardwareProfile, dict, dict[str, float]]:
+    """The pre-fit base profile, the estimator's settings and the full fit's values, where each
+    held-out refit starts its optimizer (the full fit made here when not given)."""
+    base_profile = prefit_profile(base_profile)
+    settings = (estimator or ProfileFit()).get_params()
+    if full_fit is None:
+        full_fit = ProfileFit(**settings).fit(runs, base_profile)
+    return base_profile, settings, {name: f.value for name, f in full_fit.parameters_.items()}
+
+
+def _predicted(run: MeasuredRun, profile: HardwareProfile) -> HeldOutPrediction:
+    """`run` predicted by `profile` on the host the run probed."""
+    p = predict(run.workload, run.strategy, run.on_its_host(profile))
+    return HeldOutPrediction(run, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, profile)
 
 
 def k_fold(runs: list[MeasuredRun], base_profile: HardwareProfile, folds: int, estimator: ProfileFit | None = None,
@@ -76,11 +88,7 @@ def k_fold(runs: list[MeasuredRun], base_profile: HardwareProfile, folds: int, e
     where leave-one-out makes one a run (on 273 runs and two cores, five folds took about five minutes;
     leave-one-out put itself at nearly two hours). Each refit starts from the full fit's values, as
     leave-one-out's do. `on_fold(n)` is told each time a fold is done, n the runs predicted so far."""
-    base_profile = prefit_profile(base_profile)
-    settings = (estimator or ProfileFit()).get_params()
-    if full_fit is None:
-        full_fit = ProfileFit(**settings).fit(runs, base_profile)
-    warm = {name: f.value for name, f in full_fit.parameters_.items()}
+    base_profile, settings, warm = _warm_start(runs, base_profile, estimator, full_fit)
     held_out = _folds(len(runs), min(folds, len(runs)), seed=0)
     by_run: dict[int, HeldOutPrediction] = {}
     tasks = (delayed(_held_out_runs)(runs, held, base_profile, settings, warm) for held in held_out)
@@ -92,15 +100,12 @@ def k_fold(runs: list[MeasuredRun], base_profile: HardwareProfile, folds: int, e
 
 
 def _held_out_runs(runs: list[MeasuredRun], held: set[int], base_profile: HardwareProfile, settings: dict,
-                   warm: dict[str, float]) -> dict[int, HeldOutPrediction]:
-    """The `held` runs predicted by a profile fitted to the others (one fold, for a worker of its own)."""
+                   warm: dict[str, float] | None = None) -> dict[int, HeldOutPrediction]:
+    """The `held` runs predicted by a profile fitted to the others (one fold, for a worker of its own);
+    the fit's optimizer starts from `warm` where given."""
     others = [r for i, r in enumerate(runs) if i not in held]
     profile = ProfileFit(**settings).fit(others, base_profile, warm_start=warm).profile_
-    out = {}
-    for i in held:
-        p = predict(runs[i].workload, runs[i].strategy, runs[i].on_its_host(profile))
-        out[i] = HeldOutPrediction(runs[i], p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, profile)
-    return out
+    return {i: _predicted(runs[i], profile) for i in sorted(held)}
 
 
 PRIOR_GRID = (1e-3, 1e-2, 1e-1)
@@ -110,14 +115,11 @@ def _fold_errors(runs: list[MeasuredRun], held: set[int], base_profile: Hardware
                  settings: dict) -> list[float]:
     """|log error| of step time and GPU energy of the `held` runs, predicted by a fit to the others
     (one fold, for a worker of its own)."""
-    train = [r for i, r in enumerate(runs) if i not in held]
-    profile = ProfileFit(**settings).fit(train, base_profile).profile_
     errors = []
-    for i in sorted(held):
-        p = predict(runs[i].workload, runs[i].strategy, runs[i].on_its_host(profile))
-        errors.append(abs(np.log(p.step_time_s / runs[i].step_time_s)))
-        if runs[i].gpu_energy_j:
-            errors.append(abs(np.log(p.gpu_energy_j / runs[i].gpu_energy_j)))
+    for h in _held_out_runs(runs, held, base_profile, settings).values():
+        errors.append(abs(np.log(h.step_time_s / h.run.step_time_s)))
+        if h.run.gpu_energy_j:
+            errors.append(abs(np.log(h.gpu_energy_j / h.run.gpu_energy_j)))
     return errors
 
 
