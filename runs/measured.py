@@ -16,7 +16,7 @@ from pathlib import Path
 
 from models.fit import MeasuredRun
 from runs.jsonl import RunFileError, read_records
-from runs.record import RunRecord, geometric_mean, probed_issue_us, probes_bracket_window
+from runs.record import RunRecord, RunResult, geometric_mean, probed_issue_us, probes_bracket_window
 from runs.store import RunStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +25,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # slot's cores over its ranks: 16 threads in every shipped run.
 LEGACY_THREADS_PER_RANK = 16
 FAILED = ("oom", "crash", "timeout")
+
+
+def _threads_ran_at(result: RunResult) -> int:
+    """A run's CPU threads a rank: as its result records them, else the runner's rule before it did."""
+    return result.cpu_threads_per_rank or LEGACY_THREADS_PER_RANK
 
 
 def gather_records(paths: list[str | Path] = (), store: str | Path | None = None) -> list[RunRecord]:
@@ -86,8 +91,7 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
     if c.strategy is not None:
         strategy = Strategy(**c.strategy)
         if not strategy.cpu_threads_per_rank:  # what the run had, where the record says or the runner's rule
-            threads = r.cpu_threads_per_rank or LEGACY_THREADS_PER_RANK
-            strategy = dataclasses.replace(strategy, cpu_threads_per_rank=threads)
+            strategy = dataclasses.replace(strategy, cpu_threads_per_rank=_threads_ran_at(r))
     else:
         from models.ds_config import parse_ds_config, strategy_from_ds_config
 
@@ -178,8 +182,7 @@ def run_identity(record: RunRecord) -> str:
     c = record.candidate
     if c.strategy is None or c.strategy.get("cpu_threads_per_rank"):
         return record.key
-    threads = record.result.cpu_threads_per_rank or LEGACY_THREADS_PER_RANK
-    return dataclasses.replace(c, strategy={**c.strategy, "cpu_threads_per_rank": threads}).key()
+    return dataclasses.replace(c, strategy={**c.strategy, "cpu_threads_per_rank": _threads_ran_at(record.result)}).key()
 
 
 def to_run_set(records: list[RunRecord]) -> RunSet:
