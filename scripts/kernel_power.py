@@ -8,7 +8,12 @@ measures where between the extremes a training step's kernels fall:
   - `attention`: causal SDPA forward and backward, back to back;
   - `copy`: device copies (memory-bound kernels) of several sizes;
   - `gapped`: one kernel, then the host waits until it ends and spins for a gap before the next,
-    as when the host's issue time outlasts the GPU's work.
+    as when the host's issue time outlasts the GPU's work;
+  - `mixed`: a decoder MLP's stream, up GEMM, elementwise passes (SiLU, multiply, add) and down
+    GEMM, at several counts of elementwise passes, with each part's time and power alone beside it:
+    whether memory-bound kernels between GEMMs draw what they draw alone or the stream's power;
+  - `adam`: a fused AdamW step over fp32 parameters, back to back and right after a GEMM burst of
+    several lengths, as the optimizer step follows the backward.
 One JSON line a window to the file named by argv[1]: time, calls, busy seconds, energy, power.
 The calibration's GPU meter (`calibration.meters`: NVML's energy counter) for CUDA device 0; each
 window at least WINDOW_S after a warm-up. Without a GPU it runs the same windows at tiny sizes on
@@ -16,6 +21,7 @@ the CPU, its meter reported absent (energy and power null).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -46,6 +52,10 @@ class Sizes:
     copy_bytes: tuple[int, ...]
     gapped_gemms: tuple[tuple[str, tuple[int, int, int]], ...]
     gaps_s: tuple[float, ...]
+    mixed_tokens: tuple[int, ...]
+    elementwise_passes: tuple[int, ...]
+    adam_elements: int  # parameters the AdamW step updates, in tensors of ADAM_TENSOR_ELEMENTS
+    bursts_s: tuple[float, ...]
 
 
 SIZES = Sizes(tokens=(512, 1024, 2048, 4096, 8192, 16384),
@@ -54,9 +64,14 @@ SIZES = Sizes(tokens=(512, 1024, 2048, 4096, 8192, 16384),
               copy_bytes=(2**20, 8 * 2**20, 64 * 2**20, 512 * 2**20),
               gapped_gemms=(("small", (1024, 6144, 2048)), ("medium", (4096, 11008, 2048)),
                             ("large", (8192, 11008, 4096))),
-              gaps_s=(0.0, 5e-5, 2e-4, 5e-4, 1e-3, 3e-3)) if GPU else \
+              gaps_s=(0.0, 5e-5, 2e-4, 5e-4, 1e-3, 3e-3),
+              mixed_tokens=(4096, 16384), elementwise_passes=(0, 1, 2, 4, 8),
+              adam_elements=2**30, bursts_s=(0.01, 0.05, 0.2)) if GPU else \
     Sizes(tokens=(16,), widths=((32, 64),), attention_seqs=(16,), copy_bytes=(2**12,),
-          gapped_gemms=(("small", (16, 32, 16)),), gaps_s=(0.0, 1e-4))
+          gapped_gemms=(("small", (16, 32, 16)),), gaps_s=(0.0, 1e-4),
+          mixed_tokens=(16,), elementwise_passes=(0, 2), adam_elements=2**12, bursts_s=(0.001,))
+ADAM_TENSOR_ELEMENTS = 2**24 if GPU else 2**10
+KINDS = ("gemm", "attention", "copy", "gapped", "mixed", "adam")
 
 
 def sync() -> None:
@@ -136,13 +151,83 @@ def gemm(m: int, n: int, k: int):
     return (lambda: torch.matmul(a, b, out=out)), 2.0 * m * n * k
 
 
+def mlp_stream(tokens: int, hidden: int, ffn: int, passes: int):
+    """A decoder MLP's kernels: the up GEMM, `passes` elementwise passes over its output (SiLU,
+    multiply, add: each reads and writes the tokens x FFN activation), the down GEMM; and each part
+    alone, to time and meter apart."""
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=DEVICE)
+    up = torch.randn(hidden, ffn, dtype=torch.bfloat16, device=DEVICE)
+    down = torch.randn(ffn, hidden, dtype=torch.bfloat16, device=DEVICE)
+    a, b = (torch.empty(tokens, ffn, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    y = torch.empty(tokens, hidden, dtype=torch.bfloat16, device=DEVICE)
+
+    def gemms():
+        torch.matmul(x, up, out=a)
+        torch.matmul(a, down, out=y)
+
+    def elementwise():
+        for _ in range(passes):
+            torch.nn.functional.silu(a, inplace=True)
+            torch.mul(a, a, out=b)
+            a.add_(b)
+
+    def stream():
+        torch.matmul(x, up, out=a)
+        elementwise()
+        torch.matmul(a, down, out=y)
+
+    return gemms, elementwise, stream
+
+
+def mixed(meter: Meter, tokens: int, hidden: int, ffn: int, passes: int) -> dict:
+    """The stream back to back, and its GEMMs and its elementwise passes each back to back alone."""
+    gemms, elementwise, stream = mlp_stream(tokens, hidden, ffn, passes)
+    row = {"tokens": tokens, "hidden": hidden, "ffn": ffn, "passes": passes,
+           "gemms_alone": back_to_back(meter, gemms), **back_to_back(meter, stream)}
+    if passes:
+        row["elementwise_alone"] = back_to_back(meter, elementwise)
+    return row
+
+
+def adam(elements: int):
+    """A fused AdamW step over `elements` fp32 parameters with gradients, as a mixed-precision
+    optimizer keeps its master copy."""
+    params = [torch.zeros(ADAM_TENSOR_ELEMENTS, dtype=torch.float32, device=DEVICE, requires_grad=True)
+              for _ in range(max(1, elements // ADAM_TENSOR_ELEMENTS))]
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=GPU)
+    return opt.step
+
+
+def after_burst(meter: Meter, burst, burst_call_s: float, burst_s: float, step) -> dict:
+    """GEMMs for `burst_s`, then one optimizer step, repeated: the window's energy, and the burst's
+    share to subtract at the GEMMs' back-to-back power."""
+    calls_per_burst = max(1, int(burst_s / burst_call_s))
+    step_s = per_call_s(step)
+    for _ in range(calls_per_burst):
+        burst()
+    step()
+    sync()
+    rounds, e0, t0 = 0, meter.read_j(), time.perf_counter()
+    while time.perf_counter() - t0 < WINDOW_S:
+        for _ in range(calls_per_burst):
+            burst()
+        step()
+        sync()
+        rounds += 1
+    wall = time.perf_counter() - t0
+    return {"burst_s": burst_s, "burst_calls": calls_per_burst, "step_s": step_s, "rounds": rounds,
+            "burst_busy_s": rounds * calls_per_burst * burst_call_s, **meter.window(wall, e0)}
+
+
 def idle(meter: Meter, name: str) -> dict:
     e0, t0 = meter.read_j(), time.perf_counter()
     time.sleep(2.0 if GPU else 0.01)
     return {"kind": name, **meter.window(time.perf_counter() - t0, e0)}
 
 
-def main(path: str) -> None:
+def main(path: str, kinds: tuple[str, ...]) -> None:
     out = open(path, "a")  # first: a bad path ends the run before any window
     meter = Meter.open()
 
@@ -154,14 +239,14 @@ def main(path: str) -> None:
 
     time.sleep(2.0 if GPU else 0.0)
     emit(idle(meter, "idle"))
-    for tokens in SIZES.tokens:
+    for tokens in SIZES.tokens if "gemm" in kinds else ():
         for hidden, ffn in SIZES.widths:
             for op, (m, n, k) in (("qkv", (tokens, 3 * hidden, hidden)), ("ffn_up", (tokens, ffn, hidden)),
                                   ("ffn_down", (tokens, hidden, ffn))):
                 fn, flops = gemm(m, n, k)
                 emit({"kind": "gemm", "op": op, "m": m, "n": n, "k": k, "flops": flops, **back_to_back(meter, fn)})
     heads, head_dim = (16, 128) if GPU else (2, 16)
-    for seq in SIZES.attention_seqs:
+    for seq in SIZES.attention_seqs if "attention" in kinds else ():
         batch = max(1, SIZES.attention_seqs[-1] // seq)
         q, k, v = (torch.randn(batch, heads, seq, head_dim, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
                    for _ in range(3))
@@ -173,21 +258,41 @@ def main(path: str) -> None:
         emit({"kind": "attention_bwd", **shape,
               **back_to_back(meter, lambda: torch.autograd.grad(o, (q, k, v), g, retain_graph=True))})
         del q, k, v, o, g
-    for nbytes in SIZES.copy_bytes:
+    for nbytes in SIZES.copy_bytes if "copy" in kinds else ():
         src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=DEVICE)
         dst = torch.empty_like(src)
         emit({"kind": "copy", "bytes": nbytes, **back_to_back(meter, lambda: dst.copy_(src))})
-    for name, (m, n, k) in SIZES.gapped_gemms:
+    for name, (m, n, k) in SIZES.gapped_gemms if "gapped" in kinds else ():
         fn, flops = gemm(m, n, k)
         for gap_s in SIZES.gaps_s:
             emit({"kind": "gapped", "size": name, "m": m, "n": n, "k": k, "flops": flops, **gapped(meter, fn, gap_s)})
+    for tokens in SIZES.mixed_tokens if "mixed" in kinds else ():
+        for hidden, ffn in SIZES.widths[-2:]:
+            for passes in SIZES.elementwise_passes:
+                emit({"kind": "mixed", **mixed(meter, tokens, hidden, ffn, passes)})
+    if "adam" in kinds:
+        step = adam(SIZES.adam_elements)
+        emit({"kind": "adam", "elements": SIZES.adam_elements, **back_to_back(meter, step)})
+        hidden, ffn = SIZES.widths[-1]
+        burst, _ = gemm(SIZES.mixed_tokens[-1], ffn, hidden)
+        burst_alone = back_to_back(meter, burst)
+        for burst_s in SIZES.bursts_s:
+            emit({"kind": "adam_after_burst", "elements": SIZES.adam_elements, "burst_alone": burst_alone,
+                  **after_burst(meter, burst, burst_alone["call_s"], burst_s, step)})
     emit(idle(meter, "idle_after"))
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kernel_power", description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="JSON lines file the windows are appended to")
+    parser.add_argument("--only", action="append", choices=KINDS,
+                        help="run only these kinds of window (repeat; default: all)")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python scripts/kernel_power.py OUT.jsonl")
+    args = parse_args(sys.argv[1:])
     try:
-        main(sys.argv[1])
+        main(args.out, tuple(args.only or KINDS))
     except OSError as exc:
         sys.exit(f"kernel_power: {exc}")
