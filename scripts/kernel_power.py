@@ -54,7 +54,7 @@ class Sizes:
     gaps_s: tuple[float, ...]
     mixed_tokens: tuple[int, ...]
     elementwise_passes: tuple[int, ...]
-    adam_elements: int  # parameters the AdamW step updates, in tensors of ADAM_TENSOR_ELEMENTS
+    adam_elements: int  # parameters the AdamW step updates (default), in tensors of ADAM_TENSOR_ELEMENTS
     bursts_s: tuple[float, ...]
 
 
@@ -113,9 +113,9 @@ def per_call_s(fn) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def back_to_back(meter: Meter, fn) -> dict:
+def back_to_back(meter: Meter, fn, window_s: float = WINDOW_S) -> dict:
     t = per_call_s(fn)
-    calls = max(1, int(WINDOW_S / t))
+    calls = max(1, int(window_s / t))
     for _ in range(max(1, int(WARM_S / t))):
         fn()
     sync()
@@ -200,7 +200,7 @@ def adam(elements: int):
     return opt.step
 
 
-def after_burst(meter: Meter, burst, burst_call_s: float, burst_s: float, step) -> dict:
+def after_burst(meter: Meter, burst, burst_call_s: float, burst_s: float, step, window_s: float) -> dict:
     """GEMMs for `burst_s`, then one optimizer step, repeated: the window's energy, and the burst's
     share to subtract at the GEMMs' back-to-back power."""
     calls_per_burst = max(1, int(burst_s / burst_call_s))
@@ -210,7 +210,7 @@ def after_burst(meter: Meter, burst, burst_call_s: float, burst_s: float, step) 
     step()
     sync()
     rounds, e0, t0 = 0, meter.read_j(), time.perf_counter()
-    while time.perf_counter() - t0 < WINDOW_S:
+    while time.perf_counter() - t0 < window_s:
         for _ in range(calls_per_burst):
             burst()
         step()
@@ -227,7 +227,7 @@ def idle(meter: Meter, name: str) -> dict:
     return {"kind": name, **meter.window(time.perf_counter() - t0, e0)}
 
 
-def main(path: str, kinds: tuple[str, ...]) -> None:
+def main(path: str, kinds: tuple[str, ...], adam_elements: int, adam_window_s: float) -> None:
     out = open(path, "a")  # first: a bad path ends the run before any window
     meter = Meter.open()
 
@@ -271,14 +271,14 @@ def main(path: str, kinds: tuple[str, ...]) -> None:
             for passes in SIZES.elementwise_passes:
                 emit({"kind": "mixed", **mixed(meter, tokens, hidden, ffn, passes)})
     if "adam" in kinds:
-        step = adam(SIZES.adam_elements)
-        emit({"kind": "adam", "elements": SIZES.adam_elements, **back_to_back(meter, step)})
+        step = adam(adam_elements)
+        emit({"kind": "adam", "elements": adam_elements, **back_to_back(meter, step, adam_window_s)})
         hidden, ffn = SIZES.widths[-1]
         burst, _ = gemm(SIZES.mixed_tokens[-1], ffn, hidden)
-        burst_alone = back_to_back(meter, burst)
+        burst_alone = back_to_back(meter, burst, adam_window_s)
         for burst_s in SIZES.bursts_s:
-            emit({"kind": "adam_after_burst", "elements": SIZES.adam_elements, "burst_alone": burst_alone,
-                  **after_burst(meter, burst, burst_alone["call_s"], burst_s, step)})
+            emit({"kind": "adam_after_burst", "elements": adam_elements, "burst_alone": burst_alone,
+                  **after_burst(meter, burst, burst_alone["call_s"], burst_s, step, adam_window_s)})
     emit(idle(meter, "idle_after"))
 
 
@@ -287,12 +287,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("out", help="JSON lines file the windows are appended to")
     parser.add_argument("--only", action="append", choices=KINDS,
                         help="run only these kinds of window (repeat; default: all)")
+    parser.add_argument("--adam-elements", type=int, default=SIZES.adam_elements,
+                        help=f"parameters of the AdamW windows (default {SIZES.adam_elements})")
+    parser.add_argument("--adam-window-s", type=float, default=WINDOW_S,
+                        help=f"seconds of each AdamW window (default {WINDOW_S}): longer averages the meter's noise")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     args = parse_args(sys.argv[1:])
     try:
-        main(args.out, tuple(args.only or KINDS))
+        main(args.out, tuple(args.only or KINDS), args.adam_elements, args.adam_window_s)
     except OSError as exc:
         sys.exit(f"kernel_power: {exc}")
