@@ -1,8 +1,13 @@
 """Energy of one step: the sum over phases of exposed time x power.
 
 GPU power depends on what the GPU does in a phase: dense compute near the power cap,
-memory-bound kernels lower, collectives and host copies lower still, waiting on the CPU
-optimizer or on Python from what it drew busy toward idle (below). Compute that ran beside communication draws the
+collectives and host copies lower, waiting on the CPU optimizer or on Python from what it drew
+busy toward idle (below). A step's memory-bound kernels draw the dense stream's power, not their
+own: alone, on one H200, elementwise passes drew 526-588 W and a fused AdamW step 491-519 W, but a
+decoder MLP's stream held 664-709 W at any share of elementwise time from 18% to 77% (GEMMs alone
+653-731 W), and a 35 ms AdamW step right after 50 ms of GEMMs drew 690 +- 22 W (machine BB,
+`data/calibration/README.md`). So the elementwise phase and the optimizer step's Adam share draw
+`compute`; `memory_bound` (a long device copy alone) is the calibration's, for what runs alone. Compute that ran beside communication draws the
 profile's `overlap` power for that share of its time. GPU energy counts every GPU.
 
 CPU energy: each node's host draws `power.cpu.idle` all step, and while the CPU optimizer runs
@@ -43,8 +48,8 @@ PHASE_POWER = {
     "recompute": "compute",
     "vision_compute": "compute",
     "vision_recompute": "compute",
-    "elementwise": "memory_bound",
-    "optimizer_gpu": "memory_bound",
+    "elementwise": "compute",
+    "optimizer_gpu": "compute",
     "overlap_contention": "overlap",
     "zero_comm": "collective",
     "ulysses_all_to_all": "collective",
@@ -54,12 +59,12 @@ PHASE_POWER = {
 }
 assert set(PHASE_POWER) == set(PHASES)
 # The powers of dense work: what a wait after it starts from.
-HOT_POWERS = ("compute", "memory_bound", "overlap")
+HOT_POWERS = ("compute", "overlap")
 
 
 def optimizer_adam_share(profile: HardwareProfile) -> float:
-    """Of the optimizer step's GPU time, the share that streams FusedAdam's own bytes, at memory-bound
-    power; the rest (norms, casts and copies launched tensor by tensor, kernels of microseconds with the
+    """Of the optimizer step's GPU time, the share that streams FusedAdam's own bytes, at the dense
+    power (it follows the backward's kernels; above); the rest (norms, casts and copies launched tensor by tensor, kernels of microseconds with the
     host issuing between them) draws the wait power. Chosen, not measured: the step's power was not
     read apart; on 273 runs, all of it at memory-bound power gave a 5-fold energy error of 5.8%, the
     split 4.7% (time the same)."""

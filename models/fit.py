@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 import numpy as np
 from scipy.optimize import least_squares
 
+from models.energy import PHASE_POWER
 from models.predict import predict_batch
 from models.profile import FitRecord, HardwareProfile
 from models.strategy import Strategy, StrategyBatch
@@ -102,7 +103,7 @@ TIME_PARAMETERS = (
     FitParameter("overlap.compute_slowdown_with_collective", 0.0, 1.0, 0.1, "time"),
     FitParameter("overlap.collective_slowdown_with_compute", 0.0, 2.0, 0.3, "time"),
 )
-POWER_PHASES = ("compute", "memory_bound", "collective", "host_copy", "wait", "overlap")
+POWER_PHASES = tuple(dict.fromkeys(PHASE_POWER.values()))  # the GPU powers a step's phases draw
 
 
 # What the host probe would have read on the hosts of the runs that carry no probe (the issue

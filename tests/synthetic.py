@@ -32,7 +32,6 @@ TRUE_VALUES = {
     "power.gpu.compute": 640.0,
     "power.gpu.wait": 150.0,
     "power.gpu.collective": 380.0,
-    "power.gpu.memory_bound": 520.0,
 }
 
 

@@ -32,7 +32,6 @@ TOLERANCE = {
     "overheads.offload_step_per_gparam": 0.03,
     "power.gpu.compute": 8.0,
     "power.gpu.wait": 5.0,
-    "power.gpu.memory_bound": 40.0,
 }
 
 

@@ -167,6 +167,17 @@ def test_a_wait_decay_without_time_is_refused_by_name(decay, key):
         _gpu_scope(wait_decay=decay)
 
 
+def test_a_steps_memory_bound_kernels_draw_the_dense_power_whatever_a_copy_alone_draws():
+    s = Strategy(gpus=1, gpus_per_node=1, zero_stage=0, overlap_comm=False)
+    cool = profile_with({"power.nvml_scope": "gpu", "power.gpu.wait_decay": None, "power.gpu.memory_bound": 250.0})
+    hot = profile_with({"power.nvml_scope": "gpu", "power.gpu.wait_decay": None, "power.gpu.memory_bound": 650.0})
+    a, b = predict(W7, s, cool), predict(W7, s, hot)
+    assert a.gpu_energy_j == pytest.approx(b.gpu_energy_j, rel=1e-12)
+    elementwise = next(ph for ph in a.breakdown if ph.name == "elementwise")
+    assert elementwise.time_s > 0
+    assert elementwise.gpu_energy_j == pytest.approx(elementwise.time_s * cool.power.gpu.compute.value, rel=1e-12)
+
+
 def test_the_optimizer_steps_work_beyond_adams_bytes_draws_the_wait_power():
     s = Strategy(gpus=2, gpus_per_node=2, zero_stage=1)
     measured = profile_with({"power.nvml_scope": "gpu", "power.gpu.wait_decay": None,
@@ -175,5 +186,5 @@ def test_the_optimizer_steps_work_beyond_adams_bytes_draws_the_wait_power():
     for p, adam_share in ((counted, 1.0), (measured, 0.25)):  # FusedAdam's 36 of 144
         phase = next(ph for ph in predict(W7, s, p).breakdown if ph.name == "optimizer_gpu")
         gw = p.power.gpu
-        watts = adam_share * gw.memory_bound.value + (1 - adam_share) * gw.wait.value
+        watts = adam_share * gw.compute.value + (1 - adam_share) * gw.wait.value  # Adam's share after the backward
         assert phase.time_s > 0 and phase.gpu_energy_j == pytest.approx(phase.time_s * watts * 2, rel=1e-12)
