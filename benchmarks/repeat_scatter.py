@@ -1,0 +1,122 @@
+"""How far one setting's measured step time scatters when it is measured again: the floor under any
+model's error on a single run.
+
+    python benchmarks/repeat_scatter.py [--runs 'data/runs/*.jsonl'] [--profile h200] [--keep-chosen]
+
+Each measurement is set against the profile's prediction on the host its own probes measured
+(`MeasuredRun.on_its_host`), so the host speeds the probes see are taken out; what is left is what a
+model of the setting cannot know. For every setting measured more than once (`run_identity`), the
+log step times' deviations from the setting's mean are pooled into one standard deviation, apart for
+GPU-bound and host-bound steps (`models.band.regime_of` at the profile's host), across leases and
+within one lease (a closed loop's interleaved rounds). If every run scattered so, a model exact on
+average would still miss a single run by about 0.8 times that (the mean absolute deviation of a
+normal spread). Sweeps that re-measured settings because they fitted worst or to study the host's
+noise (`CHOSEN_FOR_NOISE`) are left out unless --keep-chosen: they would bias the figure up.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from models.band import regime_of  # noqa: E402
+from models.predict import predict  # noqa: E402
+from models.profile import load_profile  # noqa: E402
+from runs.measured import (gather_records, lease_issue_us, on_lease_host, run_identity,  # noqa: E402
+                           to_measured_run)
+
+# Run files whose settings were measured again because they fitted worst, or to study the host's noise.
+CHOSEN_FOR_NOISE = ("rebracket", "host-variance", "host-noise")
+MEAN_ABS_OVER_SD = 0.8  # E|x - mu| / sd of a normal spread
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """Pooled scatter of the repeated settings of one regime and scope."""
+
+    regime: str
+    scope: str
+    settings: int
+    measurements: int
+    sd_log: float
+
+
+def log_residuals(paths: list[str], profile) -> dict[tuple[str, str], list[tuple[str, float]]]:
+    """{(setting, regime): [(lease, log(measured / predicted on its probed host)), ...]}."""
+    records = [r for r in gather_records(paths) if r.result.status == "ok" and (r.result.step_time_s or 0) > 0]
+    records = list({(r.key, r.date): r for r in records}.values())
+    lease_us = lease_issue_us(records)
+    out = defaultdict(list)
+    for record in records:
+        record = on_lease_host(record, lease_us)
+        try:
+            run = to_measured_run(record)
+        except (ValueError, KeyError, TypeError):  # unusable for the fit as well (runs.measured.to_run_set)
+            continue
+        regime = regime_of(predict(run.workload, run.strategy, profile).host_share)
+        predicted = predict(run.workload, run.strategy, run.on_its_host(profile)).step_time_s
+        lease = record.result.machine.get("boot_id") or record.date[:13]  # older runs: the hour they ran
+        out[(run_identity(record), regime)].append((lease, float(np.log(run.step_time_s / predicted))))
+    return out
+
+
+def pooled(groups: list[list[float]]) -> tuple[int, int, float]:
+    """(settings, measurements, pooled standard deviation) of groups of two or more values."""
+    groups = [np.asarray(g) for g in groups if len(g) >= 2]
+    dof = sum(len(g) - 1 for g in groups)
+    if not dof:
+        return 0, 0, float("nan")
+    ss = sum(float(np.sum((g - g.mean()) ** 2)) for g in groups)
+    return len(groups), sum(len(g) for g in groups), float(np.sqrt(ss / dof))
+
+
+def scatter(residuals: dict) -> list[Scatter]:
+    rows = []
+    for regime in ("gpu_bound", "host_bound"):
+        mine = [v for (_, r), v in residuals.items() if r == regime]
+        across = [[x for _, x in v] for v in mine]
+        within = [[x for lease, x in v if lease == l] for v in mine for l in {lease for lease, _ in v}]
+        for scope, groups in (("across leases", across), ("within one lease", within)):
+            n, m, sd = pooled(groups)
+            rows.append(Scatter(regime, scope, n, m, sd))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", default=str(REPO / "data/runs/*.jsonl"), help="glob of run files")
+    p.add_argument("--profile", default="h200", help="shipped profile name or JSON path (default h200)")
+    p.add_argument("--keep-chosen", action="store_true", help="keep the sweeps chosen for their noise")
+    args = p.parse_args(argv)
+    paths = sorted(x for x in glob.glob(args.runs) if args.keep_chosen or not any(c in x for c in CHOSEN_FOR_NOISE))
+    if not paths:
+        print(f"repeat_scatter: no run files match {args.runs}", file=sys.stderr)
+        return 1
+    try:
+        profile = load_profile(args.profile)
+    except (OSError, ValueError) as exc:
+        print(f"repeat_scatter: {exc}", file=sys.stderr)
+        return 1
+    table = Table(title=f"one setting measured again, step time at each run's probed host ({len(paths)} run files)")
+    for col in ("regime", "scope", "settings", "measurements", "sd of log time", "floor on one run (MAPE)"):
+        table.add_column(col, justify="left" if col in ("regime", "scope") else "right")
+    for row in scatter(log_residuals(paths, profile)):
+        table.add_row(row.regime, row.scope, str(row.settings), str(row.measurements),
+                      "-" if not row.settings else f"{row.sd_log:.3f}",
+                      "-" if not row.settings else f"{MEAN_ABS_OVER_SD * row.sd_log:.1%}")
+    Console(width=140).print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""benchmarks/repeat_scatter.py: the pooled scatter of settings measured again, within and across
+leases, on the shipped runs; one line for bad input."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "repeat_scatter.py"
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from repeat_scatter import log_residuals, pooled, scatter  # noqa: E402
+
+from models.profile import load_profile  # noqa: E402
+
+
+def test_pooling_weighs_each_setting_by_its_degrees_of_freedom_and_skips_single_measurements():
+    settings, measurements, sd = pooled([[0.0, 0.2], [1.0, 1.0, 1.3], [5.0]])
+    assert (settings, measurements) == (2, 5)
+    ss = 0.02 + (0.01 + 0.01 + 0.04)  # squared deviations from each setting's own mean
+    assert sd == pytest.approx(np.sqrt(ss / 3))
+    assert np.isnan(pooled([[1.0]])[2])
+
+
+def test_within_one_lease_compares_only_measurements_of_the_same_lease():
+    residuals = {("a", "host_bound"): [("L1", 0.0), ("L1", 0.1), ("L2", 0.5)],
+                 ("b", "gpu_bound"): [("L1", 0.0), ("L2", 0.02)]}
+    rows = {(r.regime, r.scope): r for r in scatter(residuals)}
+    within = rows[("host_bound", "within one lease")]
+    assert (within.settings, within.measurements) == (1, 2) and within.sd_log == pytest.approx(np.sqrt(0.005))
+    assert rows[("host_bound", "across leases")].measurements == 3
+    assert rows[("gpu_bound", "within one lease")].settings == 0  # its two measurements ran on two leases
+
+
+def test_the_shipped_loop_rounds_give_each_repeated_setting_its_lease():
+    rounds = str(REPO / "data" / "runs" / "h200-x1-loop-rounds-2026-12-02.jsonl")
+    residuals = log_residuals([rounds], load_profile("h200"))
+    repeated = [v for v in residuals.values() if len(v) >= 2]
+    assert repeated and all(len({lease for lease, _ in v}) == 1 for v in repeated)  # one machine, AI
+    assert all(abs(x) < 1.0 for v in residuals.values() for _, x in v)  # within a factor e of the model
+
+
+def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
+    for args in (["--runs", str(tmp_path / "none-*.jsonl")], ["--profile", str(tmp_path / "missing.json")]):
+        done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300,
+                              cwd=REPO)
+        assert done.returncode != 0
+        assert done.stderr.strip().startswith("repeat_scatter:") and len(done.stderr.strip().splitlines()) == 1
