@@ -8,8 +8,9 @@ too: their memory is valid.
 
 Allocated is compared with allocated (like with like). `phase` is the moment of the step at
 which the model puts the peak (models.memory.MOMENTS). `--reserved` adds the measured
-max_memory_reserved and the predicted peak (allocated x (1 + fragmentation) + framework
-reserve), which is what decides feasibility. Runs that did not finish are listed, not compared.
+max_memory_reserved against the predicted reserved pool (allocated x (1 + fragmentation), like with
+like), and the predicted peak (that pool + the framework's reserve outside it), which is what decides
+feasibility. Runs that did not finish are listed, not compared.
 """
 from __future__ import annotations
 
@@ -58,27 +59,33 @@ def main(argv=None) -> int:
             skipped.append(f"{run.label}: no measured GPU memory")
             continue
         pred = predict(run.workload, run.strategy, profile)
-        rows.append((run.label, run.peak_gpu_mem_gib, pred.allocated_gpu_mem_gib,
-                     run.peak_gpu_reserved_gib, pred.peak_gpu_mem_gib, peak_moment(run, profile)))
+        rows.append((run.label, run.peak_gpu_mem_gib, pred.allocated_gpu_mem_gib, run.peak_gpu_reserved_gib,
+                     pred.reserved_gpu_mem_gib, pred.peak_gpu_mem_gib, peak_moment(run, profile)))
 
     width = max(len(r[0]) for r in rows) if rows else 10
     head = f"{'run':<{width}}  {'meas GiB':>8}  {'pred GiB':>8}  {'err %':>7}  {'phase':<6}"
     if args.reserved:
-        head += f"  {'resv GiB':>8}  {'peak GiB':>8}  {'err %':>7}"
+        head += f"  {'resv GiB':>8}  {'pred GiB':>8}  {'err %':>7}  {'peak GiB':>8}"
     print(head)
     errors = []
-    for label, meas, pred, resv, peak, phase in rows:
+    for label, meas, pred, resv, pred_resv, peak, phase in rows:
         err = (pred - meas) / meas
         errors.append(err)
         line = f"{label:<{width}}  {meas:8.2f}  {pred:8.2f}  {100 * err:+7.1f}  {phase:<6}"
         if args.reserved and resv:
-            line += f"  {resv:8.2f}  {peak:8.2f}  {100 * (peak - resv) / resv:+7.1f}"
+            line += f"  {resv:8.2f}  {pred_resv:8.2f}  {100 * (pred_resv - resv) / resv:+7.1f}  {peak:8.2f}"
         print(line)
     if errors:
         e = np.abs(np.array(errors))
         worst = int(np.argmax(e))
         print(f"\n{len(errors)} runs: allocated MAPE {100 * e.mean():.1f}%, worst {100 * errors[worst]:+.1f}% "
               f"({rows[worst][0]}), within 10%: {int((e <= 0.10).sum())}/{len(errors)}")
+    pools = [((pred_resv - resv) / resv, label) for label, _, _, resv, pred_resv, _, _ in rows if resv]
+    if args.reserved and pools:
+        r = np.array([x for x, _ in pools])
+        low = int(np.argmin(r))
+        print(f"{len(pools)} runs with reserved memory: predicted reserved against it, MAPE {100 * np.abs(r).mean():.1f}%, "
+              f"most under {100 * r[low]:+.1f}% ({pools[low][1]}), within 10%: {int((np.abs(r) <= 0.10).sum())}/{len(r)}")
     for s in skipped:
         print(f"not compared: {s}")
     return 0
