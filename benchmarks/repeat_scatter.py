@@ -1,7 +1,7 @@
 """How far one setting's measured step time scatters when it is measured again: the floor under any
 model's error on a single run.
 
-    python benchmarks/repeat_scatter.py [--runs 'data/runs/*.jsonl'] [--profile h200] [--keep-chosen]
+    python benchmarks/repeat_scatter.py [--runs 'data/runs/*.jsonl'] [--profile h200] [--keep-chosen] [--json]
 
 Each measurement is set against the profile's prediction on the host its own probes measured
 (`MeasuredRun.on_its_host`), so the host speeds the probes see are taken out; what is left is what a
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", default=str(REPO / "data/runs/*.jsonl"), help="glob of run files")
     p.add_argument("--profile", default="h200", help="shipped profile name or JSON path (default h200)")
     p.add_argument("--keep-chosen", action="store_true", help="keep the sweeps chosen for their noise")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = p.parse_args(argv)
     paths = sorted(x for x in glob.glob(args.runs) if args.keep_chosen or not any(c in x for c in CHOSEN_FOR_NOISE))
     if not paths:
@@ -107,10 +109,16 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as exc:
         print(f"repeat_scatter: {exc}", file=sys.stderr)
         return 1
+    rows = scatter(log_residuals(paths, profile))
+    if args.json:
+        print(json.dumps({"run_files": paths, "rows": [{**asdict(r), "sd_log": None if not r.settings else r.sd_log,
+                                                       "floor_mape": None if not r.settings else MEAN_ABS_OVER_SD * r.sd_log}
+                                                      for r in rows]}))
+        return 0
     table = Table(title=f"one setting measured again, step time at each run's probed host ({len(paths)} run files)")
     for col in ("regime", "scope", "settings", "measurements", "sd of log time", "floor on one run (MAPE)"):
         table.add_column(col, justify="left" if col in ("regime", "scope") else "right")
-    for row in scatter(log_residuals(paths, profile)):
+    for row in rows:
         table.add_row(row.regime, row.scope, str(row.settings), str(row.measurements),
                       "-" if not row.settings else f"{row.sd_log:.3f}",
                       "-" if not row.settings else f"{MEAN_ABS_OVER_SD * row.sd_log:.1%}")

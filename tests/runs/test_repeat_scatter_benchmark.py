@@ -2,6 +2,7 @@
 leases, on the shipped runs; one line for bad input."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,17 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
                               cwd=REPO)
         assert done.returncode != 0
         assert done.stderr.strip().startswith("repeat_scatter:") and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_json_gives_each_row_and_its_floor():
+    rounds = str(REPO / "data" / "runs" / "h200-x1-loop-rounds-2026-12-02.jsonl")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--runs", rounds, "--json"], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    assert {(r["regime"], r["scope"]) for r in rows} == {(g, s) for g in ("gpu_bound", "host_bound")
+                                                         for s in ("across leases", "within one lease")}
+    for r in rows:
+        assert (r["floor_mape"] is None) == (r["settings"] == 0)
+        if r["settings"]:
+            assert r["floor_mape"] == pytest.approx(0.8 * r["sd_log"])
