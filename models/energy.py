@@ -4,11 +4,12 @@ GPU power depends on what the GPU does in a phase: dense compute near the power 
 collectives and host copies lower, waiting on the CPU optimizer or on Python from what it drew
 busy toward idle (below). A step's memory-bound kernels draw the dense stream's power, not their
 own: alone, on one H200, elementwise passes drew 526-588 W and a fused AdamW step 491-519 W, but a
-decoder MLP's stream held 664-709 W at any share of elementwise time from 18% to 77% (GEMMs alone
-653-731 W), and a 35 ms AdamW step right after 50 ms of GEMMs drew 690 +- 22 W (machine BB,
-`data/calibration/README.md`). So the elementwise phase and the optimizer step's Adam share draw
-`compute`; `memory_bound` (a long device copy alone) is the calibration's, for what runs alone. Compute that ran beside communication draws the
-profile's `overlap` power for that share of its time. GPU energy counts every GPU.
+decoder MLP's stream held 659-709 W at any share of elementwise time from 18% to 77% (GEMMs alone
+653-731 W), and a 35 ms AdamW step right after 50 ms of GEMMs drew 690 +- 22 W (machines BB and
+BC, `data/calibration/README.md`). So the elementwise phase and the optimizer step's Adam share
+draw `compute`; `memory_bound` (a long device copy alone) stays the calibration's figure. Compute
+that ran beside communication draws the profile's `overlap` power for that share of its time. GPU
+energy counts every GPU.
 
 CPU energy: each node's host draws `power.cpu.idle` all step, and while the CPU optimizer runs
 (its busy time, even the part SuperOffload hides behind the backward) the extra draw of
@@ -64,10 +65,10 @@ HOT_POWERS = ("compute", "overlap")
 
 def optimizer_adam_share(profile: HardwareProfile) -> float:
     """Of the optimizer step's GPU time, the share that streams FusedAdam's own bytes, at the dense
-    power (it follows the backward's kernels; above); the rest (norms, casts and copies launched tensor by tensor, kernels of microseconds with the
-    host issuing between them) draws the wait power. Chosen, not measured: the step's power was not
-    read apart; on 273 runs, all of it at memory-bound power gave a 5-fold energy error of 5.8%, the
-    split 4.7% (time the same)."""
+    power (it follows the backward's kernels; above); the rest (norms, casts and copies launched
+    tensor by tensor, kernels of microseconds with the host issuing between them) draws the wait
+    power. The split is chosen, not measured: the step's power was not read apart; on 273 runs, all
+    of it at one power gave a 5-fold energy error of 5.8%, the split 4.7% (time the same)."""
     measured = profile.gpu.optimizer_step_bytes_per_param
     return 1.0 if measured is None else min(1.0, GPU_ADAM_BYTES_PER_PARAM / measured.value)
 
