@@ -346,15 +346,18 @@ class ProfileFit:
     @staticmethod
     def _fragmentation(runs: list[MeasuredRun]) -> dict[str, tuple[float, int]]:
         """Caching-allocator overhead, median of reserved / allocated - 1 over runs that measured
-        both, apart for steps without and with checkpointing: {profile path: (value, runs)}."""
-        out = {}
-        for name, checkpointed in (("memory.fragmentation", False), ("memory.fragmentation_checkpointed", True)):
-            ratios = [r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib for r in runs
-                      if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0
-                      and (r.strategy.checkpoint_every > 0) == checkpointed]
-            if ratios:
-                out[name] = (float(np.clip(np.median(ratios) - 1.0, 0.0, 1.0)), len(ratios))
-        return out
+        both, apart for steps that offload the optimizer, and for the others with and without
+        checkpointing (`models.memory` picks in that order): {profile path: (value, runs)}."""
+        def kind(r: MeasuredRun) -> str:
+            if r.strategy.offload_optimizer != "none":
+                return "memory.fragmentation_offload"
+            return "memory.fragmentation_checkpointed" if r.strategy.checkpoint_every > 0 else "memory.fragmentation"
+
+        ratios: dict[str, list[float]] = {}
+        for r in runs:
+            if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0:
+                ratios.setdefault(kind(r), []).append(r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib)
+        return {name: (float(np.clip(np.median(v) - 1.0, 0.0, 1.0)), len(v)) for name, v in ratios.items()}
 
     @staticmethod
     def _host_process_runs(runs: list[MeasuredRun]) -> list[MeasuredRun]:
@@ -377,14 +380,17 @@ class ProfileFit:
                 spread = f" +- {f.std:.3g}" if f.std is not None else ""
                 values[f.name] = f.value
                 how[f.name] = f"{f.value:.4g}{spread} by least squares to {f.kind} of {n} measured runs"
+        kinds = {"memory.fragmentation": "non-checkpointed measured runs without optimizer offload",
+                 "memory.fragmentation_checkpointed": "checkpointed measured runs without optimizer offload",
+                 "memory.fragmentation_offload": "measured runs with optimizer offload"}
         for name, (value, count) in (self.fragmentation_ or {}).items():
-            kind = "checkpointed" if name.endswith("checkpointed") else "non-checkpointed"
             values[name] = value
-            how[name] = (f"{value:.4g}, median over {count} {kind} measured runs of torch max_memory_reserved / "
+            how[name] = (f"{value:.4g}, median over {count} {kinds[name]} of torch max_memory_reserved / "
                          "max_memory_allocated - 1")
-        if base.memory.fragmentation_checkpointed is None and "memory.fragmentation_checkpointed" in values:
-            base = base.model_copy(update={"memory": base.memory.model_copy(update={
-                "fragmentation_checkpointed": base.memory.fragmentation})})  # a node to hold the fitted value
+        for field in ("fragmentation_checkpointed", "fragmentation_offload"):
+            if getattr(base.memory, field) is None and f"memory.{field}" in values:
+                base = base.model_copy(update={"memory": base.memory.model_copy(update={
+                    field: base.memory.fragmentation})})  # a node to hold the fitted value
         if self.host_process_ is not None:
             values["memory.host_process_per_rank"] = self.host_process_
             how["memory.host_process_per_rank"] = (

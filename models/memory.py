@@ -329,7 +329,8 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     allocated = np.maximum.reduce([moments[name] for name in MOMENTS])
     mem = profile.memory
     frag_ckpt = (mem.fragmentation_checkpointed or mem.fragmentation).value
-    reserved = allocated * (1.0 + np.where(n_ck > 0, frag_ckpt, mem.fragmentation.value))
+    frag_offload = (mem.fragmentation_offload or mem.fragmentation).value
+    reserved = allocated * (1.0 + np.select([opt_off, n_ck > 0], [frag_offload, frag_ckpt], mem.fragmentation.value))
     peak = reserved + mem.framework_reserved.value * GIB
     ckpt_host = on_host * pinned_bytes(t * ckpt) + vision_host
     host_rank = states.host_bytes_per_rank + ckpt_host + profile.memory.host_process_per_rank.value * GIB

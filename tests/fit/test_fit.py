@@ -79,8 +79,21 @@ def test_fitted_profile_is_honest_about_its_origin(full_fit, base, all_runs):
         else:
             assert q.value == get_value(base, name)
     assert p.memory.fragmentation.source.startswith("fitted:")
+    assert p.memory.fragmentation_offload.source.startswith("fitted:")  # a node made for it (gh200 has none)
     assert p.gpu.gemm_bf16 == base.gpu.gemm_bf16  # what the fit does not touch stays
     assert parse_profile(p.model_dump(), "fitted") == p  # strict schema still holds
+
+
+def test_the_reserved_pool_is_fitted_apart_for_offload_then_checkpointing(all_runs):
+    """Offload steps pool their transfers' staging and casts whatever their checkpointing; the others
+    split by checkpointing, as models.memory picks."""
+    excess = {(True, True): 0.40, (True, False): 0.40, (False, True): 0.25, (False, False): 0.10}
+    runs = [dataclasses.replace(r, peak_gpu_reserved_gib=r.peak_gpu_mem_gib * (1.0 + excess[(
+        r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0)])) for r in all_runs]
+    fitted = ProfileFit._fragmentation(runs)
+    assert {k: round(v, 9) for k, (v, _) in fitted.items()} == {
+        "memory.fragmentation": 0.10, "memory.fragmentation_checkpointed": 0.25, "memory.fragmentation_offload": 0.40}
+    assert sum(n for _, n in fitted.values()) == len(runs)
 
 
 def test_constants_no_run_informs_are_kept(specs, base):

@@ -1,6 +1,8 @@
 """The entry point: contract shape, feasibility with numbers, batch = single, speed."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import time
 
@@ -64,6 +66,13 @@ def test_framework_reserve_and_fragmentation_count_in_the_need():
                                             "memory.fragmentation_checkpointed": 0.25}))
     assert base.peak_gpu_mem_gib == pytest.approx(base.allocated_gpu_mem_gib)
     assert more.peak_gpu_mem_gib == pytest.approx(1.25 * base.allocated_gpu_mem_gib + 3.0)
+    offload = dataclasses.replace(s, offload_optimizer="cpu")  # its own share, checkpointed or not
+    own = profile_with({"memory.framework_reserved": 0.0, "memory.fragmentation": 0.05,
+                        "memory.fragmentation_checkpointed": 0.25, "memory.fragmentation_offload": 0.4})
+    none = own.model_copy(update={"memory": own.memory.model_copy(update={"fragmentation_offload": None})})
+    for p, share in ((own, 0.4), (none, 0.05)):  # without a share of its own: the plain one
+        pred = predict(W7_32K, offload, p)
+        assert pred.peak_gpu_mem_gib == pytest.approx((1 + share) * pred.allocated_gpu_mem_gib)
 
 
 def test_host_memory_and_node_size_reasons():
