@@ -67,21 +67,21 @@ def main(argv=None) -> int:
     if args.reserved:
         head += f"  {'resv GiB':>8}  {'pred GiB':>8}  {'err %':>7}  {'peak GiB':>8}"
     print(head)
-    errors = []
+    errors, pools = [], []
     for label, meas, pred, resv, pred_resv, peak, phase in rows:
         err = (pred - meas) / meas
         errors.append(err)
         line = f"{label:<{width}}  {meas:8.2f}  {pred:8.2f}  {100 * err:+7.1f}  {phase:<6}"
         if args.reserved and resv:
-            line += f"  {resv:8.2f}  {pred_resv:8.2f}  {100 * (pred_resv - resv) / resv:+7.1f}  {peak:8.2f}"
+            pools.append(((pred_resv - resv) / resv, label))
+            line += f"  {resv:8.2f}  {pred_resv:8.2f}  {100 * pools[-1][0]:+7.1f}  {peak:8.2f}"
         print(line)
     if errors:
         e = np.abs(np.array(errors))
         worst = int(np.argmax(e))
         print(f"\n{len(errors)} runs: allocated MAPE {100 * e.mean():.1f}%, worst {100 * errors[worst]:+.1f}% "
               f"({rows[worst][0]}), within 10%: {int((e <= 0.10).sum())}/{len(errors)}")
-    pools = [((pred_resv - resv) / resv, label) for label, _, _, resv, pred_resv, _, _ in rows if resv]
-    if args.reserved and pools:
+    if pools:
         r = np.array([x for x, _ in pools])
         low = int(np.argmin(r))
         print(f"{len(pools)} runs with reserved memory: predicted reserved against it, MAPE {100 * np.abs(r).mean():.1f}%, "

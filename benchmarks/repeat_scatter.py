@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 from models.band import regime_of  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
-from runs.measured import (gather_records, lease_issue_us, on_lease_host, run_identity,  # noqa: E402
-                           to_measured_run)
+from runs.measured import (gather_records, run_identity, timed_on_their_hosts, to_measured_run,  # noqa: E402
+                           unique_records)
 
 # Run files whose settings were measured again because they fitted worst, or to study the host's noise.
 CHOSEN_FOR_NOISE = ("rebracket", "host-variance", "host-noise")
@@ -54,12 +54,8 @@ class Scatter:
 
 def log_residuals(paths: list[str], profile) -> dict[tuple[str, str], list[tuple[str, float]]]:
     """{(setting, regime): [(lease, log(measured / predicted on its probed host)), ...]}."""
-    records = [r for r in gather_records(paths) if r.result.status == "ok" and (r.result.step_time_s or 0) > 0]
-    records = list({(r.key, r.date): r for r in records}.values())
-    lease_us = lease_issue_us(records)
     out = defaultdict(list)
-    for record in records:
-        record = on_lease_host(record, lease_us)
+    for record in timed_on_their_hosts(unique_records(gather_records(paths))):
         try:
             run = to_measured_run(record)
         except (ValueError, KeyError, TypeError):  # unusable for the fit as well (runs.measured.to_run_set)

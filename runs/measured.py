@@ -185,16 +185,27 @@ def run_identity(record: RunRecord) -> str:
     return dataclasses.replace(c, strategy={**c.strategy, "cpu_threads_per_rank": _threads_ran_at(record.result)}).key()
 
 
+def unique_records(records: list[RunRecord]) -> list[RunRecord]:
+    """One record a run: a record read from two files is one run."""
+    return list({(r.key, r.date): r for r in records}.values())
+
+
+def timed_on_their_hosts(unique: list[RunRecord]) -> list[RunRecord]:
+    """The finished records that measured a step time, oldest first, each probed one at the best
+    measure of its host (`on_lease_host`)."""
+    timed = [r for r in unique if r.result.status == "ok" and (r.result.step_time_s or 0) > 0]
+    lease_us = lease_issue_us(timed)
+    return [on_lease_host(r, lease_us) for r in sorted(timed, key=lambda r: r.date)]
+
+
 def to_run_set(records: list[RunRecord]) -> RunSet:
     """Usable runs of `records`: failed ones counted by status, repeats of a run (`run_identity`) averaged
     into one, each probed run at the best measure of its host (`on_lease_host`)."""
-    unique = list({(r.key, r.date): r for r in records}.values())  # one record read from two files is one run
+    unique = unique_records(records)
     failed = Counter(r.result.status for r in unique if r.result.status in FAILED)
     by_key: dict[str, list[RunRecord]] = {}
-    timed = [r for r in unique if r.result.status == "ok" and (r.result.step_time_s or 0) > 0]
-    lease_us = lease_issue_us(timed)
-    for record in sorted(timed, key=lambda r: r.date):
-        record = on_lease_host(record, lease_us)
+    timed = timed_on_their_hosts(unique)
+    for record in timed:
         by_key.setdefault(run_identity(record), []).append(record)
     runs, skipped = [], [f"{r.key} {r.candidate.label}: no measured step time"
                          for r in unique if r.result.status == "ok" and not (r.result.step_time_s or 0) > 0]
