@@ -87,6 +87,9 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
         raise ValueError(f"status {r.status}")
     if r.step_time_s is None or not r.step_time_s > 0:
         raise ValueError("no measured step time")
+    if r.machine.get("gpu_memory_cap_gib"):
+        # Its allocator freed and refilled its cache under the cap: neither its time nor its pool is the step's own.
+        raise ValueError(f"GPU memory pool capped at {r.machine['gpu_memory_cap_gib']:g} GiB")
     arch = load_architecture(c.model)
     if c.strategy is not None:
         strategy = Strategy(**c.strategy)

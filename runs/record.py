@@ -79,6 +79,9 @@ class RunResult:
     cpu_energy_estimated: bool = False  # True when cpu_energy_j is a model, not a sensor
     peak_gpu_mem_gib: float | None = None  # torch max_memory_allocated, max over ranks
     peak_gpu_reserved_gib: float | None = None  # torch max_memory_reserved, max over ranks
+    # Times the allocator freed its cache and retried an allocation, over the run, most over ranks: a
+    # pool at the GPU's limit or at a cap (calibration.harness.memory_cap). None: not recorded.
+    gpu_alloc_retries: int | None = None
     peak_host_mem_gib: float | None = None  # peak RSS of each rank's process tree, summed over ranks
     host_mem_baseline_gib: float | None = None  # the same before the model was built (runtime, libraries)
     # Only where a rank has child processes (SuperOffload's worker), sampled (calibration.harness.

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psutil
 
+from calibration.harness import memory_cap
+
 
 class _AbsentMonitor:
     """Stands in for EnergyMonitor when calibration.meters cannot be imported."""
@@ -148,6 +150,8 @@ def machine_info(device_kind: str) -> dict:
         # The caching allocator's settings decide how far torch's reserved pool exceeds its peak
         # allocation (expandable segments about halved the excess on H200): a run's reserved memory needs them.
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        # calibration.harness.memory_cap: a pool capped below the GPU's memory (applied on a GPU only)
+        "gpu_memory_cap_gib": memory_cap.cap_gib() if device_kind == "cuda" else None,
         # One boot of one machine (lent hosts are all named "vm"): runs.measured takes a host's speed
         # from all the runs of its boot.
         "boot_id": _boot_id(),

@@ -108,7 +108,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     import torch
     from deepspeed import comm as dist
 
-    from calibration.harness import host_probe, memory_trace, phase_trace, step_profile
+    from calibration.harness import host_probe, memory_cap, memory_trace, phase_trace, step_profile
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
     from calibration.harness.window import MeasuredWindow, torch_agree
@@ -133,6 +133,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if cuda:
         torch.cuda.set_device(local_rank)
+        if memory_cap.apply(local_rank) is not None:
+            adjustments.append(f"GPU memory pool capped ({memory_cap.ENV}): its reserved peak is not the run's own")
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     timeline.mark("distributed")
@@ -238,7 +240,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
 
     mine = window.rank_summary(rank, local_rank, torch.cuda.max_memory_allocated() if cuda else None,
                                torch.cuda.max_memory_reserved() if cuda else None, host_peak, host_baseline,
-                               shared_peak)
+                               shared_peak, memory_cap.alloc_retries() if cuda else None)
     # After the window's peaks are read (the probe allocates), before the profilers (they slow it).
     issue_after = host_probe.reprobe_issue(device, sync)
     if phase_trace.wanted():  # after the window's numbers are taken, like the profiles below

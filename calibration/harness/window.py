@@ -139,7 +139,8 @@ class MeasuredWindow:
         self.cpu_s = self.cpu_seconds() - self._cpu_before
 
     def rank_summary(self, rank: int, local_rank: int, peak_alloc: int | None, peak_reserved: int | None,
-                     host_peak: int, host_baseline: int | None, host_shared: SharedPeak | None = None) -> dict:
+                     host_peak: int, host_baseline: int | None, host_shared: SharedPeak | None = None,
+                     alloc_retries: int | None = None) -> dict:
         """This rank's measurements, to be gathered on rank 0. Host CPU energy is taken on local
         rank 0 only: its sensor (or estimate) covers the whole host."""
         m = self.measurement
@@ -147,7 +148,7 @@ class MeasuredWindow:
                 "gpu_power_avg_w": m.gpu_power_avg_w, "cpu_energy_j": m.cpu_energy_j if local_rank == 0 else None,
                 "cpu_energy_estimated": bool(m.cpu_energy_estimated), "cpu_s": self.cpu_s,
                 "peak_alloc": peak_alloc, "peak_reserved": peak_reserved, "host_peak": host_peak,
-                "host_baseline": host_baseline,
+                "host_baseline": host_baseline, "alloc_retries": alloc_retries,
                 "host_shared": None if host_shared is None else (host_shared.pss_bytes, host_shared.rss_bytes)}
 
     def result_fields(self, everyone: list[dict]) -> dict:
@@ -175,6 +176,7 @@ class MeasuredWindow:
             "cpu_energy_estimated": estimated,
             "peak_gpu_mem_gib": max(each("peak_alloc")) / GIB if each("peak_alloc") else None,
             "peak_gpu_reserved_gib": max(each("peak_reserved")) / GIB if each("peak_reserved") else None,
+            "gpu_alloc_retries": max(each("alloc_retries")) if each("alloc_retries") else None,
             "peak_host_mem_gib": sum(r["host_peak"] for r in everyone) / GIB,
             "host_mem_baseline_gib": sum(baselines) / GIB if baselines else None,
             "peak_host_mem_pss_gib": sum(pss for pss, _ in shared) / GIB if shared else None,

@@ -95,6 +95,21 @@ def test_reserved_memory_under_another_allocator_setting_is_not_the_models(recor
     assert other.peak_gpu_mem_gib == default.peak_gpu_mem_gib and other.step_time_s == default.step_time_s
 
 
+def test_a_run_under_a_capped_memory_pool_is_not_a_run_of_its_step(records):
+    """Under a cap the allocator frees and refills its cache (calibration.harness.memory_cap): the fit
+    and the memory comparisons leave such a run out, and say why."""
+    from runs.measured import to_measured_run
+
+    record = records[2]
+    machine = {**record.result.machine, "gpu_memory_cap_gib": 12.5}
+    capped = dataclasses.replace(record, result=dataclasses.replace(record.result, machine=machine))
+    with pytest.raises(ValueError, match="capped at 12.5 GiB"):
+        to_measured_run(capped)
+    assert to_run_set([capped]).runs == [] and "capped" in to_run_set([capped]).skipped[0]
+    uncapped = {**machine, "gpu_memory_cap_gib": None}  # what an uncapped run records
+    assert to_measured_run(dataclasses.replace(record, result=dataclasses.replace(record.result, machine=uncapped)))
+
+
 def _on(record, lease: dict):
     """The record on a lease: {"boot_id": ...} in its machine, or {"note": ...} among its notes."""
     machine = {**record.result.machine, **({"boot_id": lease["boot_id"]} if "boot_id" in lease else {})}
