@@ -11,18 +11,25 @@ which the model puts the peak (models.memory.MOMENTS). `--reserved` adds the mea
 max_memory_reserved against the predicted reserved pool (allocated x (1 + fragmentation), like with
 like), and the predicted peak (that pool + the framework's reserve outside it), which is what decides
 feasibility. Runs that did not finish are listed, not compared.
+
+`--need FILE` reads a sweep of `scripts/memory_cap.py` (each setting uncapped, then its pool capped) and
+sets the model's pool beside what each step needed: more than the largest cap it ran out of memory
+in, at most the pool it reached under the smallest cap it ran in.
 """
 from __future__ import annotations
 
 import argparse
 import glob
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from calibration.harness.memory_cap import UNCAPPED, noted_factor  # noqa: E402
+from runs.jsonl import read_records  # noqa: E402
 from runs.measured import gather_records, shipped_run_files, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
 from models.params import count_params  # noqa: E402
@@ -39,14 +46,81 @@ def peak_moment(run, profile) -> str:
     return memory.estimate(w, count_params(w), work, b, profile).peak_moment(0)
 
 
+@dataclass(frozen=True)
+class Need:
+    """What one step needed of its pool (GiB), against the model's pool for it."""
+
+    label: str
+    allocated_gib: float  # measured, uncapped
+    unconstrained_gib: float  # the reserved pool, uncapped
+    more_than_gib: float | None  # the largest cap it ran out of memory in
+    at_most_gib: float | None  # the pool it reached under the smallest cap it ran in
+    model_pool_gib: float
+
+    @property
+    def verdict(self) -> str:
+        if self.more_than_gib is not None and self.model_pool_gib <= self.more_than_gib:
+            return "short"  # a pool the step was seen not to fit in
+        if self.at_most_gib is not None and self.model_pool_gib >= self.at_most_gib:
+            return "covers"
+        return "open"  # between the two, or no bound on that side
+
+
+def needs(records, profile) -> list[Need]:
+    """Each setting of a cap sweep with an uncapped run: its need bracket and the model's pool."""
+    by_key: dict[str, list] = {}
+    for r in records:
+        if noted_factor(r.notes) is not None:
+            by_key.setdefault(r.key, []).append(r)
+    out = []
+    for runs in by_key.values():
+        base = next((r for r in runs if noted_factor(r.notes) == UNCAPPED and r.result.status == "ok"), None)
+        if base is None:
+            continue
+        run = to_measured_run(base)
+        capped = [r for r in runs if noted_factor(r.notes) != UNCAPPED]
+        ran_out = [noted_factor(r.notes) * r.prediction["allocated_gpu_mem_gib"] for r in capped
+                   if r.result.status == "oom" and r.prediction]
+        ran = [r.result.peak_gpu_reserved_gib for r in capped if r.result.status == "ok"]
+        out.append(Need(run.label, run.peak_gpu_mem_gib, run.peak_gpu_reserved_gib, max(ran_out, default=None),
+                        min(ran, default=None), predict(run.workload, run.strategy, profile).reserved_gpu_mem_gib))
+    return out
+
+
+def print_needs(rows: list[Need]) -> None:
+    def gib(x):
+        return f"{x:8.2f}" if x is not None else f"{'-':>8}"
+
+    width = max(len(r.label) for r in rows)
+    print(f"{'setting':<{width}}  {'alloc':>8}  {'pool':>8}  {'needs >':>8}  {'needs <=':>8}  {'model':>8}  verdict")
+    for r in rows:
+        print(f"{r.label:<{width}}  {gib(r.allocated_gib)}  {gib(r.unconstrained_gib)}  {gib(r.more_than_gib)}  "
+              f"{gib(r.at_most_gib)}  {gib(r.model_pool_gib)}  {r.verdict}")
+    counts = {v: sum(r.verdict == v for r in rows) for v in ("covers", "open", "short")}
+    print(f"{len(rows)} settings: the model's pool covers what {counts['covers']} needed, is short for "
+          f"{counts['short']}, open for {counts['open']} (GiB; pool: the reserved pool uncapped)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", action="append", help="glob of run files (repeatable); default: the shipped runs")
     p.add_argument("--profile", default="h200")
     p.add_argument("--reserved", action="store_true", help="also show reserved memory and the predicted peak")
+    p.add_argument("--need", type=Path, help="a scripts/memory_cap.py sweep: what each step needed against the model")
     args = p.parse_args(argv)
 
     profile = load_profile(args.profile)
+    if args.need:
+        try:
+            rows = needs(read_records(args.need), profile)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if not rows:
+            print(f"error: {args.need} holds no uncapped run of a cap sweep", file=sys.stderr)
+            return 2
+        print_needs(rows)
+        return 0
     rows, skipped = [], []
     paths = sorted(f for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
     for record in gather_records(paths):

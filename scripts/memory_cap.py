@@ -7,8 +7,8 @@ Unconstrained, the caching allocator keeps every segment it made, and a step's r
 1.03-1.73x its allocated peak; the advisor's feasibility adds that pool to what must fit. Under a cap
 the allocator frees unused cached segments and retries instead (calibration.harness.memory_cap), so
 the smallest cap at which a step runs, and what the retries cost it in time, say how much of the pool
-a step needs. Caps are tried from the largest down; one that runs out of memory ends that setting's
-smaller caps. Records are appended as they finish, so a rerun goes on where it stopped.
+a step needs. Caps are tried from the largest down, and a cap whose outcome follows from those tried
+(below one that ran out of memory, above one that ran) is skipped. Records are appended as they finish, so a rerun goes on where it stopped.
 """
 from __future__ import annotations
 
@@ -21,14 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from advisor.validate import candidates_from_sweep, make_predictor  # noqa: E402
-from calibration.harness.memory_cap import ENV  # noqa: E402
+from calibration.harness.memory_cap import ENV, UNCAPPED, cap_note, noted_factor  # noqa: E402
 from calibration.harness.runner import RunSettings, run_candidate  # noqa: E402
 from calibration.harness.window import WindowSettings  # noqa: E402
 from runs.jsonl import append_record, read_records  # noqa: E402
 from runs.record import RunRecord  # noqa: E402
-
-UNCAPPED = 0.0
-NOTE = "memory cap: {factor:g} x predicted allocated"
 
 
 def parse_caps(text: str) -> list[float]:
@@ -42,20 +39,19 @@ def parse_caps(text: str) -> list[float]:
     return caps
 
 
-def factor_of(record: RunRecord) -> float | None:
-    """The cap factor a record of this script ran at (UNCAPPED for none); None for another record."""
-    for note in record.notes:
-        if note.startswith("memory cap: "):
-            return float(note.split()[2])
-    return None
+def settled(factor: float, tried: list[tuple[float | None, str]]) -> bool:
+    """Whether a cap's outcome follows from caps tried before: below one that ran out of memory, or
+    above one that ran (a larger pool holds whatever a smaller one held)."""
+    capped = [(f, status) for f, status in tried if f not in (None, UNCAPPED)]
+    return any(status == "oom" and factor < f or status == "ok" and factor > f for f, status in capped)
 
 
 def summary_rows(records: list[RunRecord]) -> list[dict]:
     """Each capped or uncapped run beside its setting's uncapped one: status, pool, retries, slowdown."""
-    uncapped = {r.key: r for r in records if factor_of(r) == UNCAPPED and r.result.status == "ok"}
+    uncapped = {r.key: r for r in records if noted_factor(r.notes) == UNCAPPED and r.result.status == "ok"}
     rows = []
     for r in records:
-        factor, base = factor_of(r), uncapped.get(r.key)
+        factor, base = noted_factor(r.notes), uncapped.get(r.key)
         if factor is None:
             continue
         res = r.result
@@ -109,7 +105,7 @@ def main(argv=None) -> int:
             return 2
 
     done = read_records(args.out) if args.out.exists() else []
-    seen = {(r.key, factor_of(r)) for r in done}
+    seen = {(r.key, noted_factor(r.notes)) for r in done}
     window = WindowSettings(steps=args.steps, min_window_s=args.min_window_s, precision=0.0)
     end = time.monotonic() + args.budget_s
     for c, (prediction, profile, _) in zip(candidates, predictions):
@@ -117,15 +113,15 @@ def main(argv=None) -> int:
         for factor in [UNCAPPED, *args.caps]:
             if (c.key(), factor) in seen:
                 continue
-            if factor != UNCAPPED and any(r.key == c.key() and r.result.status == "oom" for r in done):
-                break  # a larger cap already ran out of memory
+            if factor != UNCAPPED and settled(factor, [(noted_factor(r.notes), r.result.status) for r in done if r.key == c.key()]):
+                continue
             if time.monotonic() > end:
                 print(f"budget spent: {c.label} at {factor:g} not run", flush=True)
                 break
             env = {} if factor == UNCAPPED else {ENV: f"{factor * allocated:.3f}"}
             settings = RunSettings(window=window, timeout_s=args.timeout_s, env=env)
             result = run_candidate(c, args.workdir / f"cap-{factor:g}", settings)
-            record = RunRecord.now(c, result, prediction, profile, notes=[NOTE.format(factor=factor)])
+            record = RunRecord.now(c, result, prediction, profile, notes=[cap_note(factor)])
             append_record(args.out, record)
             done.append(record)
             print(f"{c.label} cap {factor:g}: {result.status} {result.step_time_s or 0:.3f} s, "

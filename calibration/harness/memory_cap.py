@@ -13,6 +13,22 @@ import os
 
 ENV = "ADVISOR_GPU_MEMORY_CAP_GIB"
 GIB = 2**30
+UNCAPPED = 0.0
+_NOTE = "memory cap: {factor:g} x predicted allocated"
+
+
+def cap_note(factor: float) -> str:
+    """A run record's note for a run capped at `factor` x its predicted allocated peak (UNCAPPED: none).
+    An out-of-memory run records no machine, so the note is what keeps its cap."""
+    return _NOTE.format(factor=factor)
+
+
+def noted_factor(notes: list[str]) -> float | None:
+    """The cap factor a record's notes give (`cap_note`); None for a record of no cap sweep."""
+    for note in notes:
+        if note.startswith("memory cap: "):
+            return float(note.split()[2])
+    return None
 
 
 def cap_gib() -> float | None:

@@ -26,3 +26,40 @@ def test_each_run_shows_its_reserved_pool_against_the_predicted_pool():
     measured, predicted, err, peak = (float(x) for x in offload.split()[-4:])
     assert err < -15.0 and abs(100 * (predicted - measured) / measured - err) < 0.1
     assert peak > predicted  # the peak adds the framework's reserve to the pool
+
+
+NEED = REPO / "data" / "calibration" / "h200-x1-memory-cap-2026-12-03.jsonl"
+
+
+def test_what_each_step_needed_is_bracketed_and_the_models_pool_covers_it():
+    """Six one-H200 steps run uncapped and with their pool capped (scripts/memory_cap.py): each needed
+    more than the largest cap it ran out of memory in and ran within the pool it reached under the
+    smallest cap it ran in. The shipped profile's pool is never below a cap a step ran out of memory in
+    (that would be an OOM the advisor recommends), and the unconstrained pool overstates the need."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from memory_accuracy import needs
+
+    from models.profile import load_profile
+    from runs.jsonl import read_records
+
+    rows = needs(read_records(NEED), load_profile("h200"))
+    assert len(rows) == 6
+    for r in rows:
+        assert r.allocated_gib < r.more_than_gib < r.at_most_gib < r.unconstrained_gib
+        assert r.verdict == "covers", r
+    # the offload step's unconstrained pool is 39% above what it needed
+    offload = next(r for r in rows if "off-opt" in r.label)
+    assert offload.unconstrained_gib / offload.at_most_gib > 1.3
+
+
+def test_a_step_seen_to_run_out_in_the_models_pool_is_short():
+    import dataclasses
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from memory_accuracy import Need
+
+    need = Need("x", allocated_gib=10.0, unconstrained_gib=14.0, more_than_gib=11.5, at_most_gib=12.0, model_pool_gib=11.0)
+    assert need.verdict == "short"
+    assert dataclasses.replace(need, model_pool_gib=11.8).verdict == "open"
+    assert dataclasses.replace(need, model_pool_gib=12.0).verdict == "covers"
+    assert dataclasses.replace(need, more_than_gib=None, at_most_gib=None).verdict == "open"
