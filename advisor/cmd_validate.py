@@ -161,6 +161,8 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> No
             out.print(f"{c.label}: {c.host['note']}")
             if c.at_probed_host:
                 out.print(probed_host_line(c.label, c.at_probed_host))
+        if c.memory_note:
+            out.print(f"{c.label}: {c.memory_note}")
         if c.status == "ok" and c.step_time_rel_sem is not None and not window.precise_enough(c.step_time_rel_sem):
             out.print(f"{c.label}: its mean step time is known to +-{100 * c.step_time_rel_sem:.1f}% only (the window "
                       "ran out first; a noisy host): a smaller difference from another run is not measured.")

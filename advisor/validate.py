@@ -148,9 +148,19 @@ class Comparison:
     host: dict | None = None  # advisor.host_check.HostCheck of the run's host against the profile's
     step_time_rel_sem: float | None = None  # how well the measured mean step is known (runs.record.relative_sem)
     at_probed_host: dict | None = None  # the prediction made again at the host the run probed (`at_probed_host`)
+    gpu_alloc_retries: int | None = None  # times the allocator freed its cache and retried (runs.record.RunResult)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def memory_note(self) -> str | None:
+        """Why a run whose allocator retried is near the GPU's memory limit, for people; None otherwise."""
+        if self.status != "ok" or not self.gpu_alloc_retries:
+            return None
+        return (f"torch's allocator found no free memory {self.gpu_alloc_retries} time(s) and freed its cache to "
+                "go on: this step ran at the GPU's memory limit, its time includes those retries, and a little "
+                "more memory (a longer sequence, a larger micro-batch) may not fit.")
 
 
 def _error_pct(predicted: float | None, measured: float | None) -> float | None:
@@ -203,7 +213,7 @@ def compare(record: RunRecord, profile=None) -> Comparison:
     spread = relative_sem(record.result.step_times_s) if record.result.step_times_s else None
     again = at_probed_host(record, profile) if profile is not None else None
     return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors,
-                      host, spread, again)
+                      host, spread, again, record.result.gpu_alloc_retries)
 
 
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,

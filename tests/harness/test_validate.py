@@ -181,3 +181,15 @@ def test_a_stopped_validate_takes_its_run_with_it_and_says_so(tmp_path, tiny_mod
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_run_whose_allocator_retried_is_named_as_at_the_memory_limit():
+    """An uncapped run whose allocator had to free its cache and retry hit the GPU's memory: the
+    comparison says so, and says nothing for a run that never retried, failed or did not record it."""
+    c = Candidate(model="m", seq_len=1, ds_config={}, label="x")
+    tight = compare(RunRecord.now(c, RunResult(status="ok", step_time_s=1.0, gpu_alloc_retries=3)))
+    assert tight.gpu_alloc_retries == 3 and "3 time(s)" in tight.memory_note
+    assert tight.to_dict()["gpu_alloc_retries"] == 3  # --json carries it
+    for result in (RunResult(status="ok", step_time_s=1.0, gpu_alloc_retries=0), RunResult(status="ok", step_time_s=1.0),
+                   RunResult(status="oom", reason="CUDA out of memory", gpu_alloc_retries=2)):
+        assert compare(RunRecord.now(c, result)).memory_note is None
