@@ -9,6 +9,7 @@ from rich.table import Table
 
 from advisor.launch import Launch
 from advisor.search import SearchResult
+from runs.record import memory_limit_note
 
 
 def console() -> Console:
@@ -221,6 +222,10 @@ def show_loop(out: Console, loop) -> None:
     for note in (v.note, loop.refit_note, loop.host_note):
         if note:
             out.print(f"[dim]{note}[/dim]", highlight=False)
+    for p, m in zip(loop.plan, loop.measured):
+        tight = m.record and memory_limit_note(m.record.result.status, m.record.result.gpu_alloc_retries)
+        if tight:
+            out.print(f"[dim]{p['label']}: {tight}[/dim]", highlight=False)
     if loop.host_note:  # the runs' host strayed from the profile's: the model again at the host they had
         for p, again in zip(loop.plan, loop.at_probed_host):
             if again:

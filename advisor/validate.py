@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from runs.record import Candidate, RunRecord, relative_sem
+from runs.record import Candidate, RunRecord, memory_limit_note, relative_sem
 
 # What is compared: (name, the prediction's key, the measured RunResult field). Like with like, as
 # `advisor report` does: allocated GPU memory against torch's max_memory_allocated, the allocator's
@@ -155,12 +155,7 @@ class Comparison:
 
     @property
     def memory_note(self) -> str | None:
-        """Why a run whose allocator retried is near the GPU's memory limit, for people; None otherwise."""
-        if self.status != "ok" or not self.gpu_alloc_retries:
-            return None
-        return (f"torch's allocator found no free memory {self.gpu_alloc_retries} time(s) and freed its cache to "
-                "go on: this step ran at the GPU's memory limit, its time includes those retries, and a little "
-                "more memory (a longer sequence, a larger micro-batch) may not fit.")
+        return memory_limit_note(self.status, self.gpu_alloc_retries)
 
 
 def _error_pct(predicted: float | None, measured: float | None) -> float | None:

@@ -69,6 +69,16 @@ def probes_bracket_window(host_probe: dict | None, zero_stage: int | None) -> bo
     return _issue_probes(host_probe, zero_stage)[1] is not None
 
 
+def memory_limit_note(status: str, alloc_retries: int | None) -> str | None:
+    """For people: why a finished run whose allocator retried ran at the GPU's memory limit; None for
+    any other run (RunResult.gpu_alloc_retries)."""
+    if status != "ok" or not alloc_retries:
+        return None
+    return (f"torch's allocator found no free memory {alloc_retries} time(s) and freed its cache to go on: "
+            "this step ran at the GPU's memory limit, its time includes those retries, and a little more memory "
+            "(a longer sequence, a larger micro-batch) may not fit.")
+
+
 @dataclass(frozen=True)
 class RunResult:
     status: str  # ok | oom | crash | timeout

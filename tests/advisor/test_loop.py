@@ -143,6 +143,32 @@ def test_on_a_strayed_host_the_loop_shows_each_run_predicted_again_at_the_host_i
     assert "(+0%)" in text and "never ran: at the host" not in text
 
 
+def test_the_loop_names_a_measured_candidate_that_ran_at_the_gpus_memory_limit():
+    """A candidate whose allocator had to free its cache and retry ran at the GPU's memory limit: the
+    loop's table says so under it, for that candidate only, and --json carries the count."""
+    import io
+
+    from rich.console import Console
+
+    from advisor.loop import LoopOutcome
+    from advisor.render import show_loop
+
+    def run(label, retries):
+        c = Candidate(model="m", seq_len=1, ds_config={}, label=label,
+                      strategy={"micro_batch": 1, "gpus": 1, "sp": 1, "grad_accum": 1})
+        return RunRecord.now(c, RunResult(status="ok", step_time_s=1.0, gpu_energy_j=100.0, gpu_alloc_retries=retries))
+
+    runs = [Measured(Chosen(0, "the model's pick"), run("tight", 4)), Measured(Chosen(1, "tied"), run("roomy", 0))]
+    plan = [{"label": "tight", "why": "the model's pick", "step_time_s": 1.0, "energy_j": 100.0},
+            {"label": "roomy", "why": "tied", "step_time_s": 1.0, "energy_j": 100.0}]
+    loop = LoopOutcome([m.chosen for m in runs], plan, runs, measured_pick(runs, "energy", 0.1), None, "")
+    out = Console(file=io.StringIO(), width=400)
+    show_loop(out, loop)
+    text = out.file.getvalue()
+    assert "tight: torch's allocator found no free memory 4 time(s)" in text and "roomy: torch's" not in text
+    assert loop.to_dict()["candidates"][0]["result"]["gpu_alloc_retries"] == 4
+
+
 @pytest.mark.slow
 def test_the_loop_measures_picks_and_refits_on_the_cpu(tmp_path, cpu_env):
     base = tmp_path / "mine.json"  # a profile no run was fitted to: the refit sees only this loop's runs
