@@ -7,14 +7,17 @@ Unconstrained, the caching allocator keeps every segment it made, and a step's r
 1.03-1.73x its allocated peak; the advisor's feasibility adds that pool to what must fit. Under a cap
 the allocator frees unused cached segments and retries instead (calibration.harness.memory_cap), so
 the smallest cap at which a step runs, and what the retries cost it in time, say how much of the pool
-a step needs. Caps are tried from the largest down, and a cap whose outcome follows from those tried
-(below one that ran out of memory, above one that ran) is skipped. Records are appended as they finish, so a rerun goes on where it stopped.
+a step needs (`benchmarks/memory_accuracy.py --need` sets it beside the model's pool). Caps are tried
+from the largest down, and a cap whose outcome follows from those tried (below one that ran out of
+memory, above one that ran) is skipped. Records are appended as they finish, so a rerun goes on where
+it stopped.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,37 +49,50 @@ def settled(factor: float, tried: list[tuple[float | None, str]]) -> bool:
     return any(status == "oom" and factor < f or status == "ok" and factor > f for f, status in capped)
 
 
-def summary_rows(records: list[RunRecord]) -> list[dict]:
-    """Each capped or uncapped run beside its setting's uncapped one: status, pool, retries, slowdown."""
+@dataclass(frozen=True)
+class CapRun:
+    """One run of a cap sweep, beside its setting's uncapped run."""
+
+    label: str
+    factor: float  # x the predicted allocated peak; UNCAPPED for none
+    cap_gib: float | None  # as applied (None: uncapped, out of memory, or no GPU)
+    status: str
+    allocated_gib: float | None
+    reserved_gib: float | None
+    retries: int | None
+    step_time_s: float | None
+    slowdown: float | None  # its step time over the uncapped run's, less one
+
+
+def cap_runs(records: list[RunRecord]) -> list[CapRun]:
+    """Each capped or uncapped run of `records` beside its setting's uncapped one; other records left out."""
     uncapped = {r.key: r for r in records if noted_factor(r.notes) == UNCAPPED and r.result.status == "ok"}
     rows = []
     for r in records:
-        factor, base = noted_factor(r.notes), uncapped.get(r.key)
+        factor, base, res = noted_factor(r.notes), uncapped.get(r.key), r.result
         if factor is None:
             continue
-        res = r.result
         slowdown = (res.step_time_s / base.result.step_time_s - 1.0
                     if base is not None and res.status == "ok" and res.step_time_s else None)
-        rows.append({"label": r.candidate.label, "factor": factor, "cap_gib": res.machine.get("gpu_memory_cap_gib"),
-                     "status": res.status, "allocated_gib": res.peak_gpu_mem_gib,
-                     "reserved_gib": res.peak_gpu_reserved_gib, "retries": res.gpu_alloc_retries,
-                     "step_time_s": res.step_time_s, "slowdown": slowdown})
+        rows.append(CapRun(r.candidate.label, factor, res.machine.get("gpu_memory_cap_gib"), res.status,
+                           res.peak_gpu_mem_gib, res.peak_gpu_reserved_gib, res.gpu_alloc_retries, res.step_time_s,
+                           slowdown))
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[CapRun]) -> None:
     def f(x, spec):
         return format(x, spec) if x is not None else "-".rjust(int(spec.rstrip("df").split(".")[0]))
 
-    width = max([len(r["label"]) for r in rows] + [7])
+    width = max([len(r.label) for r in rows] + [7])
     print(f"{'setting':<{width}}  {'cap':>5}  {'cap GiB':>7}  {'status':<6}  {'alloc':>6}  {'resv':>6}  "
           f"{'retries':>7}  {'step s':>7}  {'vs uncapped':>11}")
     for r in rows:
-        cap = "none" if r["factor"] == UNCAPPED else f"{r['factor']:.2f}x"
-        slow = "-" if r["slowdown"] is None else f"{100 * r['slowdown']:+.1f}%"
-        print(f"{r['label']:<{width}}  {cap:>5}  {f(r['cap_gib'], '7.2f')}  {r['status']:<6}  "
-              f"{f(r['allocated_gib'], '6.2f')}  {f(r['reserved_gib'], '6.2f')}  {f(r['retries'], '7d')}  "
-              f"{f(r['step_time_s'], '7.3f')}  {slow:>11}")
+        cap = "none" if r.factor == UNCAPPED else f"{r.factor:.2f}x"
+        slow = "-" if r.slowdown is None else f"{100 * r.slowdown:+.1f}%"
+        print(f"{r.label:<{width}}  {cap:>5}  {f(r.cap_gib, '7.2f')}  {r.status:<6}  "
+              f"{f(r.allocated_gib, '6.2f')}  {f(r.reserved_gib, '6.2f')}  {f(r.retries, '7d')}  "
+              f"{f(r.step_time_s, '7.3f')}  {slow:>11}")
 
 
 def main(argv=None) -> int:
@@ -126,7 +142,7 @@ def main(argv=None) -> int:
             done.append(record)
             print(f"{c.label} cap {factor:g}: {result.status} {result.step_time_s or 0:.3f} s, "
                   f"reserved {result.peak_gpu_reserved_gib or 0:.2f} GiB, retries {result.gpu_alloc_retries}", flush=True)
-    rows = summary_rows(done)
+    rows = cap_runs(done)
     if rows:
         print_table(rows)
     return 0

@@ -48,3 +48,18 @@ def test_a_sweep_runs_each_setting_uncapped_then_capped_and_resumes(tmp_path):
     assert records[1]["result"]["machine"]["gpu_memory_cap_gib"] is None  # no GPU: nothing was capped
     again = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert again.returncode == 0 and len(out.read_text().splitlines()) == 2  # nothing run twice
+
+
+def test_each_capped_run_is_set_beside_its_settings_uncapped_run():
+    from calibration.harness.memory_cap import cap_note
+    from memory_cap import cap_runs
+    from runs.record import Candidate, RunRecord, RunResult
+
+    c = Candidate(model="m", seq_len=1, ds_config={}, label="x")
+    records = [RunRecord.now(c, RunResult(status="ok", step_time_s=1.0), notes=[cap_note(0.0)]),
+               RunRecord.now(c, RunResult(status="ok", step_time_s=1.04, gpu_alloc_retries=7), notes=[cap_note(1.1)]),
+               RunRecord.now(c, RunResult(status="oom", reason="CUDA out of memory"), notes=[cap_note(1.03)]),
+               RunRecord.now(c, RunResult(status="ok", step_time_s=9.0))]  # no cap sweep's: left out
+    rows = cap_runs(records)
+    assert [(r.factor, r.status) for r in rows] == [(0.0, "ok"), (1.1, "ok"), (1.03, "oom")]
+    assert rows[1].slowdown == pytest.approx(0.04) and rows[1].retries == 7 and rows[2].slowdown is None
