@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 from models.band import regime_of  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
-from runs.measured import (gather_records, run_identity, timed_on_their_hosts, to_measured_run,  # noqa: E402
-                           unique_records)
+from runs.measured import (gather_records, lease_of, run_identity, timed_on_their_hosts,  # noqa: E402
+                           to_measured_run, unique_records)
 
 # Run files whose settings were measured again because they fitted worst, or to study the host's noise.
 CHOSEN_FOR_NOISE = ("rebracket", "host-variance", "host-noise")
@@ -62,7 +62,7 @@ def log_residuals(paths: list[str], profile) -> dict[tuple[str, str], list[tuple
             continue
         regime = regime_of(predict(run.workload, run.strategy, profile).host_share)
         predicted = predict(run.workload, run.strategy, run.on_its_host(profile)).step_time_s
-        lease = record.result.machine.get("boot_id") or record.date[:13]  # older runs: the hour they ran
+        lease = lease_of(record) or record.date[:13]  # a run that names no lease: the hour it ran
         out[(run_identity(record), regime)].append((lease, float(np.log(run.step_time_s / predicted))))
     return out
 

@@ -45,6 +45,25 @@ def test_the_shipped_loop_rounds_give_each_repeated_setting_its_lease():
     assert all(abs(x) < 1.0 for v in residuals.values() for _, x in v)  # within a factor e of the model
 
 
+def test_two_machines_in_one_hour_are_two_leases(tmp_path):
+    """Runs made before the harness recorded a boot id name their lease in their notes
+    (`runs.measured.lease_of`): two machines lent within one hour are two leases, not one."""
+    import dataclasses
+
+    from runs.jsonl import append_record, read_records
+
+    rounds = REPO / "data" / "runs" / "h200-x1-loop-rounds-2026-12-02.jsonl"
+    record = read_records(rounds)[0]
+    machine = {k: v for k, v in record.result.machine.items() if k != "boot_id"}
+    result = dataclasses.replace(record.result, machine=machine)
+    out = tmp_path / "two-machines.jsonl"
+    for minute, name in (("05", "D"), ("25", "E")):
+        append_record(out, dataclasses.replace(record, result=result, date=f"2026-12-01T07:{minute}:00+00:00",
+                                               notes=[f"lent 1x H200 machine {name} of 2026-12-01"]))
+    (measurements,) = log_residuals([str(out)], load_profile("h200")).values()
+    assert sorted(lease for lease, _ in measurements) == ["machine D of 2026-12-01", "machine E of 2026-12-01"]
+
+
 def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
     for args in (["--runs", str(tmp_path / "none-*.jsonl")], ["--profile", str(tmp_path / "missing.json")]):
         done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300,
