@@ -74,10 +74,10 @@ class StepMeter:
         import torch
         import torch.distributed as dist
 
-        distributed = dist.is_available() and dist.is_initialized()
-        rank = dist.get_rank() if distributed else 0
         from calibration.harness.memory_cap import alloc_retries
 
+        distributed = dist.is_available() and dist.is_initialized()
+        rank = dist.get_rank() if distributed else 0
         mine = self._window.rank_summary(
             rank, self._local_rank, torch.cuda.max_memory_allocated() if self._cuda else None,
             torch.cuda.max_memory_reserved() if self._cuda else None, self._host_memory.read(), None,

@@ -121,15 +121,15 @@ def main(argv=None) -> int:
             return 2
 
     done = read_records(args.out) if args.out.exists() else []
-    seen = {(r.key, noted_factor(r.notes)) for r in done}
+    tried: dict[str, list[tuple[float | None, str]]] = {}  # per setting: (cap factor, status) of each run
+    for r in done:
+        tried.setdefault(r.key, []).append((noted_factor(r.notes), r.result.status))
     window = WindowSettings(steps=args.steps, min_window_s=args.min_window_s, precision=0.0)
     end = time.monotonic() + args.budget_s
     for c, (prediction, profile, _) in zip(candidates, predictions):
-        allocated = prediction["allocated_gpu_mem_gib"]
+        allocated, mine = prediction["allocated_gpu_mem_gib"], tried.setdefault(c.key(), [])
         for factor in [UNCAPPED, *args.caps]:
-            if (c.key(), factor) in seen:
-                continue
-            if factor != UNCAPPED and settled(factor, [(noted_factor(r.notes), r.result.status) for r in done if r.key == c.key()]):
+            if any(f == factor for f, _ in mine) or (factor != UNCAPPED and settled(factor, mine)):
                 continue
             if time.monotonic() > end:
                 print(f"budget spent: {c.label} at {factor:g} not run", flush=True)
@@ -140,6 +140,7 @@ def main(argv=None) -> int:
             record = RunRecord.now(c, result, prediction, profile, notes=[cap_note(factor)])
             append_record(args.out, record)
             done.append(record)
+            mine.append((factor, result.status))
             print(f"{c.label} cap {factor:g}: {result.status} {result.step_time_s or 0:.3f} s, "
                   f"reserved {result.peak_gpu_reserved_gib or 0:.2f} GiB, retries {result.gpu_alloc_retries}", flush=True)
     rows = cap_runs(done)
