@@ -183,7 +183,8 @@ class EnergyMonitor:
     def cpu_meter(self):
         return self._cpu
 
-    def _read_gpu(self) -> dict[int, float] | None:
+    def read_gpu_j(self) -> dict[int, float] | None:
+        """Each GPU's cumulative joules by CUDA index; None where not measured."""
         if not self._gpu.present:
             return self._gpu.read_j([])  # warns once how to fix it
         if not self.gpu_indices:
@@ -199,13 +200,13 @@ class EnergyMonitor:
         self._sync()
         if self._util is not None:
             self._util.since_last()
-        self._windows[name] = (self._clock(), self._read_gpu(), self._cpu.read_j())
+        self._windows[name] = (self._clock(), self.read_gpu_j(), self._cpu.read_j())
 
     def end_window(self, name: str) -> Measurement:
         if name not in self._windows:
             raise KeyError(f"window '{name}' was never begun")
         self._sync()
-        t1, gpu1, cpu1 = self._clock(), self._read_gpu(), self._cpu.read_j()
+        t1, gpu1, cpu1 = self._clock(), self.read_gpu_j(), self._cpu.read_j()
         t0, gpu0, cpu0 = self._windows.pop(name)
         elapsed = t1 - t0
         gpu_j = power = None

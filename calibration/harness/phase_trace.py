@@ -12,12 +12,15 @@ every rank runs MARKED_STEPS more steps with a marker kernel launched between pa
 - the last, under torch.profiler with device activity only (host tracing would slow the very issue
   time that is measured), gives each pass's busy seconds: the union of its kernels, copies and memsets
   between two markers.
+- then, where the GPU has an energy meter, steps for about POWER_WINDOW_S with a synchronize at each
+  pass's edge while a thread polls the counter: each kind of pass's power (`pass_power`).
 Rank 0 writes `phase_trace.json`. The CPU path (no CUDA) has no device clock: spans and busy times are
-reported absent (None), the host seconds are measured.
+reported absent (None), the host seconds are measured; without a meter the passes' power is absent.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -25,11 +28,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from calibration.harness.pass_power import CounterSampler, fit_pass_power
+
 ENV = "ADVISOR_PHASE_TRACE"
 MARKED_STEPS = 3
 MARKER_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel: training never launches it
 MARKER_CYCLES = 100
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+POWER_WINDOW_S = 12.0  # about 120 counter changes at its ~100 ms
+POWER_STEPS = (8, 200)  # the fewest and most synchronized steps for the passes' power
 
 
 def wanted() -> bool:
@@ -129,10 +136,45 @@ def pass_times(names: list[tuple[str, int]], host_gaps: list[list[float]], gpu_g
     return out
 
 
+def power_steps(step_s: float, agree: Callable[[float, str], float]) -> int:
+    """How many synchronized steps fill POWER_WINDOW_S, the same on every rank (they step together)."""
+    low, high = POWER_STEPS
+    return int(min(high, max(low, math.ceil(agree(POWER_WINDOW_S / max(step_s, 1e-6), "max")))))
+
+
+def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None],
+                       grad_accum: int, steps: int, read_gpu_j: Callable[[], float | None]) -> dict | None:
+    """`steps` steps with a synchronize at every pass's edge while the counter is polled; each kind of
+    pass's power (`pass_power.fit_pass_power`), "between" being the host's time from one step's end to
+    the next one's start. None where the counter is absent or too few of its changes fell within."""
+    if read_gpu_j() is None:
+        return None
+    edges: list[float] = []
+    kinds: list[str] = []
+    # A micro-step's step call before the last only accumulates: a kind of its own.
+    names = [name if name != "step" or micro == grad_accum - 1 else "accumulate"
+             for name, micro in pass_names(grad_accum)]
+
+    def mark() -> None:
+        sync()
+        edges.append(time.perf_counter())
+
+    with CounterSampler(read_gpu_j) as sampler:
+        for n in range(steps):
+            run_step(mark)
+            kinds.extend(names + (["between"] if n < steps - 1 else []))
+    fitted = fit_pass_power(sampler.changes, edges, kinds)
+    return None if fitted is None else {"steps": steps, **fitted.to_dict()}
+
+
 def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None], grad_accum: int,
-                 writing: bool, path: str | Path, cuda: bool) -> None:
-    """MARKED_STEPS marked steps and one profiled on every rank; the writing rank writes the passes.
-    `run_step(mark)` runs one step calling `mark()` before each pass and once after the last."""
+                 writing: bool, path: str | Path, cuda: bool,
+                 read_gpu_j: Callable[[], float | None] = lambda: None,
+                 agree: Callable[[float, str], float] = lambda value, op: value) -> None:
+    """MARKED_STEPS marked steps, one profiled and the power steps on every rank; the writing rank
+    writes the passes. `run_step(mark)` runs one step calling `mark()` before each pass and once after
+    the last; `read_gpu_j` reads this rank's GPU energy counter (None without one); `agree` reduces a
+    number over the ranks."""
     host_gaps, gpu_gaps, step_s = [], [], []
     for _ in range(MARKED_STEPS):
         marker = Marker(cuda)
@@ -158,10 +200,12 @@ def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callabl
             prof.export_chrome_trace(str(trace_path))
             busy = busy_between_markers_s(device_events_of_trace(json.loads(trace_path.read_text())))
             trace_path.unlink()
+    power = measure_pass_power(run_step, sync, grad_accum, power_steps(statistics.median(step_s), agree),
+                               read_gpu_j)
     if not writing:
         return
     passes = pass_times(pass_names(grad_accum), host_gaps, gpu_gaps or None, busy)
     summary = {"device": "cuda" if cuda else "cpu", "marked_steps": MARKED_STEPS,
                "step_s": statistics.median(step_s),
-               "passes": [{**asdict(p), "gpu_idle_s": p.gpu_idle_s} for p in passes]}
+               "passes": [{**asdict(p), "gpu_idle_s": p.gpu_idle_s} for p in passes], "pass_power": power}
     Path(path).write_text(json.dumps(summary, indent=1))

@@ -244,7 +244,9 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     # After the window's peaks are read (the probe allocates), before the profilers (they slow it).
     issue_after = host_probe.reprobe_issue(device, sync)
     if phase_trace.wanted():  # after the window's numbers are taken, like the profiles below
-        phase_trace.trace_passes(step, sync, grad_accum, rank == 0, "phase_trace.json", cuda)
+        phase_trace.trace_passes(step, sync, grad_accum, rank == 0, "phase_trace.json", cuda,
+                                 read_gpu_j=lambda: (monitor.read_gpu_j() or {}).get(local_rank),
+                                 agree=torch_agree(device))
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing
         step_profile.profile_steps(step, sync, rank == 0, "step_profile.json", cuda)
     gathered = [None] * world

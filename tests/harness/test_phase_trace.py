@@ -1,4 +1,6 @@
 import json
+import math
+import time
 
 import pytest
 import torch
@@ -68,3 +70,35 @@ def test_the_environment_switch(monkeypatch):
     assert not phase_trace.wanted()
     monkeypatch.setenv(phase_trace.ENV, "1")
     assert phase_trace.wanted()
+
+
+def test_with_a_counter_each_kind_of_pass_gets_a_power_and_without_one_it_is_absent(tmp_path, monkeypatch):
+    """The CPU path with a stand-in counter: 100 W throughout, moving every 10 ms."""
+    monkeypatch.setattr(phase_trace, "POWER_WINDOW_S", 0.6)
+    monkeypatch.setattr(phase_trace, "POWER_STEPS", (4, 40))
+
+    def run_step(mark):
+        for _ in range(2):
+            for _ in range(3):
+                mark()
+                time.sleep(0.004)
+        mark()
+
+    def counter_j():
+        return 100.0 * 0.01 * math.floor(time.perf_counter() / 0.01)
+
+    phase_trace.trace_passes(run_step, lambda: None, 2, True, tmp_path / "t.json", cuda=False, read_gpu_j=counter_j)
+    power = json.loads((tmp_path / "t.json").read_text())["pass_power"]
+    assert set(power["power_w"]) == {"forward", "backward", "accumulate", "step", "between"}
+    assert 20 <= power["steps"] <= 40
+    for kind in ("forward", "backward", "accumulate", "step"):
+        assert power["power_w"][kind] == pytest.approx(100.0, rel=0.1)
+    phase_trace.trace_passes(run_step, lambda: None, 2, True, tmp_path / "t.json", cuda=False)
+    assert json.loads((tmp_path / "t.json").read_text())["pass_power"] is None
+
+
+def test_every_rank_runs_the_same_number_of_power_steps_bounded_both_ways():
+    assert phase_trace.power_steps(0.1, lambda value, op: value) == 120
+    assert phase_trace.power_steps(0.1, lambda value, op: 150.0 if op == "max" else value) == 150
+    assert phase_trace.power_steps(10.0, lambda value, op: value) == phase_trace.POWER_STEPS[0]
+    assert phase_trace.power_steps(0.001, lambda value, op: value) == phase_trace.POWER_STEPS[1]
