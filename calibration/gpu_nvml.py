@@ -151,6 +151,15 @@ class NvmlGpuMeter(GpuMeter):
     def power_w(self, i: int) -> float:
         return self._nvml.nvmlDeviceGetPowerUsage(self._handles[i]) / 1000.0
 
+    def instant_power_w(self, i: int) -> float | None:
+        """NVML's instantaneous power field (Hopper and newer drivers); None where the GPU lacks it."""
+        nv = self._nvml
+        try:
+            value = nv.nvmlDeviceGetFieldValues(self._handles[i], [nv.NVML_FI_DEV_POWER_INSTANT])[0]
+        except (nv.NVMLError, AttributeError):
+            return None
+        return value.value.uiVal / 1000.0 if value.nvmlReturn == nv.NVML_SUCCESS else None
+
     def driver_version(self) -> str:
         return _text(self._nvml.nvmlSystemGetDriverVersion())
 

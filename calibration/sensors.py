@@ -58,6 +58,10 @@ class GpuMeter(ABC):
     def power_w(self, i: int) -> float | None:
         return None
 
+    def instant_power_w(self, i: int) -> float | None:
+        """The power right now where the sensor has such a reading (power_w may be a running mean)."""
+        return None
+
     def state(self, i: int) -> GpuState | None:
         """The device's state before a calibration (busy, hot), or None where the sensor cannot say."""
         return None

@@ -145,8 +145,10 @@ def power_steps(step_s: float, agree: Callable[[float, str], float]) -> int:
 def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None],
                        grad_accum: int, steps: int, read_gpu_j: Callable[[], float | None]) -> dict | None:
     """`steps` steps with a synchronize at every pass's edge while the counter is polled; each kind of
-    pass's power (`pass_power.fit_pass_power`), "between" being the host's time from one step's end to
-    the next one's start. None where the counter is absent or too few of its changes fell within."""
+    pass's power (`pass_power.fit_pass_power`), and the counter's changes and the edges it was fitted to
+    (for other readings of the counter). The host's moment from one step's end to the next one's start
+    counts to the forward: as a kind of its own its fraction of a millisecond let the fit put kilowatts
+    there (machine BJ). None where the counter is absent or too few of its changes fell within."""
     if read_gpu_j() is None:
         return None
     edges: list[float] = []
@@ -162,9 +164,11 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
     with CounterSampler(read_gpu_j) as sampler:
         for n in range(steps):
             run_step(mark)
-            kinds.extend(names + (["between"] if n < steps - 1 else []))
+            kinds.extend(names + (["forward"] if n < steps - 1 else []))
     fitted = fit_pass_power(sampler.changes, edges, kinds)
-    return None if fitted is None else {"steps": steps, **fitted.to_dict()}
+    if fitted is None:
+        return None
+    return {"steps": steps, **fitted.to_dict(), "step_kinds": names, "edges": edges, "counter_changes": sampler.changes}
 
 
 def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None], grad_accum: int,

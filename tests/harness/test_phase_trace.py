@@ -89,10 +89,17 @@ def test_with_a_counter_each_kind_of_pass_gets_a_power_and_without_one_it_is_abs
 
     phase_trace.trace_passes(run_step, lambda: None, 2, True, tmp_path / "t.json", cuda=False, read_gpu_j=counter_j)
     power = json.loads((tmp_path / "t.json").read_text())["pass_power"]
-    assert set(power["power_w"]) == {"forward", "backward", "accumulate", "step", "between"}
+    assert set(power["power_w"]) == {"forward", "backward", "accumulate", "step"}
     assert 20 <= power["steps"] <= 40
+    assert len(power["edges"]) == 6 * power["steps"] + power["steps"] and power["step_kinds"][2] == "accumulate"
+    assert len(power["counter_changes"]) > power["increments"]  # the raw changes, kept for other readings
+    # The fit's accuracy is test_pass_power's; here the counter is polled on a loaded CPU, a millisecond
+    # off on a 10 ms increment, so the kinds only come out near 100 W and their mean close to it.
+    seconds = power["seconds"]
+    mean_w = sum(power["power_w"][k] * seconds[k] for k in seconds) / sum(seconds.values())
+    assert mean_w == pytest.approx(100.0, rel=0.05)
     for kind in ("forward", "backward", "accumulate", "step"):
-        assert power["power_w"][kind] == pytest.approx(100.0, rel=0.1)
+        assert power["power_w"][kind] == pytest.approx(100.0, rel=0.4)
     phase_trace.trace_passes(run_step, lambda: None, 2, True, tmp_path / "t.json", cuda=False)
     assert json.loads((tmp_path / "t.json").read_text())["pass_power"] is None
 
