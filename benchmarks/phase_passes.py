@@ -6,7 +6,10 @@ DIR holds the runs' phase traces (`ADVISOR_PHASE_TRACE`, `calibration/harness/ph
 `KEY.json` per record of RUNS. For the last micro-step of each run, predicted on the host its probes
 measured: the forward's and the backward's host seconds against the model's issue time, their GPU busy
 seconds against the model's GPU work, and their GPU span against the model's pass (the GPU's work and its
-wait on the host); the optimizer step's GPU busy seconds against the model's `optimizer_gpu`. Why: the
+wait on the host); the optimizer step's GPU busy seconds against the model's `optimizer_gpu`; and where
+the trace measured the passes' power (`pass_power`), the forward and backward's power and the optimizer
+step's against the model's (the step: its `optimizer_gpu` and `deepspeed_overhead`; the rest of the step
+the forward and backward's). Why: the
 step-time error of a run says that the model missed, these say in which pass and on which side (machines
 AW and AX, 2026-12-03: the optimizer step's GPU work, and the checkpointed ZeRO-3 forward's host time).
 """
@@ -19,12 +22,30 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from models.predict import step_timing  # noqa: E402
+from calibration.harness.pass_power import PassPower  # noqa: E402
+from calibration.harness.phase_trace import refit_pass_power  # noqa: E402
+from models.predict import predict, step_timing  # noqa: E402
 from models.profile import ProfileError, load_profile  # noqa: E402
 from runs.jsonl import RunFileError, read_records  # noqa: E402
 from runs.measured import to_measured_run  # noqa: E402
 
 PASSES = ("forward", "backward")
+STEP_PHASES = ("optimizer_gpu", "deepspeed_overhead")
+GPU_BOUND_BUSY = 0.9  # a pass busy this share of its span is the GPU's
+
+
+def power_row(pass_power: PassPower, prediction) -> dict:
+    """Measured and modelled watts of the forward and backward together and of the optimizer step."""
+    watts, seconds = pass_power.power_w, pass_power.seconds
+    passes = [k for k in ("forward", "backward") if k in watts]
+    measured_fb = sum(watts[k] * seconds[k] for k in passes) / sum(seconds[k] for k in passes)
+    step = [p for p in prediction.breakdown if p.name in STEP_PHASES]
+    step_s, step_j = sum(p.time_s for p in step), sum(p.gpu_energy_j for p in step)
+    rest_s = prediction.step_time_s - step_s
+    return {"forward_backward_w": measured_fb,
+            "model_forward_backward_w": (prediction.gpu_energy_j - step_j) / rest_s if rest_s > 0 else None,
+            "step_w": watts.get("step"), "model_step_w": step_j / step_s if step_s > 0 else None,
+            "rms_w": pass_power.rms_w}
 
 
 def pass_rows(records, traces: Path, profile) -> list[dict]:
@@ -35,7 +56,8 @@ def pass_rows(records, traces: Path, profile) -> list[dict]:
         if record.result.status != "ok" or not path.exists():
             continue
         run = to_measured_run(record)
-        passes = {(p["name"], p["micro_step"]): p for p in json.loads(path.read_text())["passes"]}
+        trace = json.loads(path.read_text())
+        passes = {(p["name"], p["micro_step"]): p for p in trace["passes"]}
         last = run.strategy.grad_accum - 1
         tm = step_timing(run.workload, run.strategy, run.on_its_host(profile))
         row = {"label": run.label, "step_time_s": run.step_time_s}
@@ -54,6 +76,13 @@ def pass_rows(records, traces: Path, profile) -> list[dict]:
                        "model_gpu_s": None if offloaded else float(tm.phase_time_s["optimizer_gpu"][0]),
                        "gpu_span_s": step["gpu_span_s"]}
         row["host_copies_in_gpu_busy"] = offloaded
+        # The model's step phases hold the host's waits of every pass (`deepspeed_overhead`): only where
+        # the forward and backward keep the GPU busy do its phases split as the passes do.
+        gpu_bound = all(passes[(name, last)]["gpu_busy_s"] >= GPU_BOUND_BUSY * passes[(name, last)]["gpu_span_s"]
+                        for name in PASSES if passes[(name, last)]["gpu_span_s"])
+        fitted = refit_pass_power(trace["pass_power"]) if trace.get("pass_power") else None
+        row["power"] = (power_row(fitted, predict(run.workload, run.strategy, run.on_its_host(profile)))
+                        if fitted and gpu_bound and not offloaded else None)
         rows.append(row)
     return rows
 
@@ -64,6 +93,12 @@ def _pair(measured, model) -> str:
     if model is None:
         return f"{measured * 1e3:.1f} / -"
     return f"{measured * 1e3:.1f} / {model * 1e3:.1f} ({(model / measured - 1) * 100:+.0f}%)"
+
+
+def _watts(measured, model) -> str:
+    if measured is None or model is None:
+        return "-"
+    return f"{measured:.0f} / {model:.0f} ({(model / measured - 1) * 100:+.0f}%)"
 
 
 def main(argv=None) -> int:
@@ -100,6 +135,16 @@ def main(argv=None) -> int:
                       _pair(b["gpu_busy_s"], b["model_gpu_s"]), _pair(b["gpu_span_s"], b["model_span_s"]),
                       _pair(s["gpu_busy_s"], s["model_gpu_s"]))
     Console(width=220).print(table)
+    powered = [r for r in rows if r["power"]]
+    if powered:
+        watts = Table(title="GPU power of the passes, W, measured / model (model's error); the fit's residual")
+        for column in ("run", "forward + backward", "optimizer step", "residual"):
+            watts.add_column(column, justify="left" if column == "run" else "right")
+        for r in powered:
+            w = r["power"]
+            watts.add_row(r["label"], _watts(w["forward_backward_w"], w["model_forward_backward_w"]),
+                          _watts(w["step_w"], w["model_step_w"]), f"{w['rms_w']:.0f}")
+        Console(width=220).print(watts)
     print("A pass whose GPU is busy for most of its span is the GPU's: its host seconds then include waiting on a "
           "full launch queue, and say nothing of the issue time.")
     if any(r["host_copies_in_gpu_busy"] for r in rows):

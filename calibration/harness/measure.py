@@ -163,6 +163,9 @@ def machine_info(device_kind: str) -> dict:
         info["cuda"] = torch.version.cuda
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpu_mem_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        # Which physical GPU: the same step drew 587-640 W on three lent H200s (machines BI, BJ, BK,
+        # 2026-12-03), and whether a GPU repeats its own power needs its identity.
+        info["gpu_uuid"] = str(torch.cuda.get_device_properties(0).uuid)
         from calibration.meters import open_gpu_meter
 
         meter = open_gpu_meter()

@@ -2,14 +2,17 @@
 
 Why: the energy model draws each phase at a power of its own (`models.energy`), and whole-step energy
 cannot say which phase draws more than it says (the Gemma-shaped runs came out 4-11% under at the right
-time). NVML's energy counter moves in steps (about every 100 ms, longer than an optimizer step) and may
-trail the work, so a pass's energy cannot be read off the counter at the pass's edges.
+time). NVML's energy counter moves in steps (every 100 ms, longer than an optimizer step), so a pass's
+energy cannot be read off the counter at the pass's edges.
 
-So: a thread polls the counter and keeps every change (host time, joules) while steps run with a
-synchronize at each pass's edge, whose host times bound the passes. Each counter increment is the
-integral of the GPU's power over the interval since the last change, shifted by the counter's delay;
-with one power per kind of pass the increments are linear in those powers. Non-negative least squares
-gives them at each delay scanned, and the delay that fits best is the counter's (reported beside them).
+So: a thread polls the counter and keeps every change while steps run with a synchronize at each pass's
+edge, whose host times bound the passes. Each counter increment is the integral of the GPU's power over
+the interval since the last change; with one power per kind of pass the increments are linear in those
+powers, and non-negative least squares gives them. What the counter is was measured against a square
+wave of GEMM bursts (`scripts/meter_response.py`, machine BK, 2026-12-03): it moves every 100.0 ms by
+the energy of that interval (idle 123 W and bursts 700-750 W read sharply, edges within a few ms), where
+NVML's power reading is a one-second running mean. The poll sees a change up to ~25 ms late when the
+training thread holds the interpreter, so the changes are put back on the counter's own regular grid.
 """
 from __future__ import annotations
 
@@ -22,8 +25,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 POLL_S = 0.001
-MAX_DELAY_S = 0.3
-DELAY_STEP_S = 0.002
+GRID_QUANTILE = 2  # percent: the changes seen soonest after the counter moved mark its grid
 
 
 class CounterSampler:
@@ -56,18 +58,29 @@ class CounterSampler:
 
 @dataclass(frozen=True)
 class PassPower:
-    """The fitted power of each kind of pass, at the counter delay that fitted best."""
+    """The fitted power of each kind of pass."""
 
     power_w: dict[str, float]
     seconds: dict[str, float]  # each kind's seconds within the increments fitted
-    delay_s: float
     rms_w: float  # the increments' residual, over their own seconds
     increments: int
-    update_s: float  # the counter's median seconds between changes
+    update_s: float  # the counter's period
 
     def to_dict(self) -> dict:
-        return {"power_w": self.power_w, "seconds": self.seconds, "delay_s": self.delay_s, "rms_w": self.rms_w,
+        return {"power_w": self.power_w, "seconds": self.seconds, "rms_w": self.rms_w,
                 "increments": self.increments, "counter_update_s": self.update_s}
+
+
+def on_counter_grid(changes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The changes at the times the counter moved: a line through their times by index (the counter's
+    period), set at the soonest-seen of them (a poll is late, never early). A run of changes
+    with one missing would bend the line; the counter moves at every period while the GPU draws power."""
+    times = np.array([t for t, _ in changes])
+    index = np.arange(len(times))
+    period, start = np.polyfit(index, times, 1)
+    late = times - (period * index + start)
+    grid = period * index + start + np.percentile(late, GRID_QUANTILE)
+    return [(float(t), value) for t, (_, value) in zip(grid, changes)]
 
 
 def _overlaps(edges: np.ndarray, kinds: list[str], names: list[str], start: float, end: float) -> np.ndarray:
@@ -81,38 +94,30 @@ def _overlaps(edges: np.ndarray, kinds: list[str], names: list[str], start: floa
     return row
 
 
-def _system(changes: list[tuple[float, float]], edges: np.ndarray, kinds: list[str], names: list[str],
-            delay_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """One row per counter increment whose interval, moved back by the delay, lies within the passes."""
+def _system(changes: list[tuple[float, float]], edges: np.ndarray, kinds: list[str],
+            names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """One row per counter increment whose interval lies within the passes."""
     rows, joules = [], []
-    for (t0, e0), (t1, e1) in zip(changes, changes[1:]):
-        start, end = t0 - delay_s, t1 - delay_s
+    for (start, e0), (end, e1) in zip(changes, changes[1:]):
         if start >= edges[0] and end <= edges[-1]:
             rows.append(_overlaps(edges, kinds, names, start, end))
             joules.append(e1 - e0)
     return np.array(rows).reshape(-1, len(names)), np.array(joules)
 
 
-def fit_pass_power(changes: list[tuple[float, float]], edges: list[float], kinds: list[str],
-                   max_delay_s: float = MAX_DELAY_S, delay_step_s: float = DELAY_STEP_S) -> PassPower | None:
-    """Each kind's power from the counter's changes and the passes' edges (host times; pass k, of kind
-    kinds[k], spans edges[k] to edges[k + 1]). None when too few increments fall within the passes to
-    tell the kinds apart."""
+def fit_pass_power(changes: list[tuple[float, float]], edges: list[float], kinds: list[str]) -> PassPower | None:
+    """Each kind's power from the counter's changes as polled and the passes' edges (host times; pass k,
+    of kind kinds[k], spans edges[k] to edges[k + 1]). None when too few increments fall within the
+    passes to tell the kinds apart."""
     names = sorted(set(kinds))
-    edge_array = np.asarray(edges, dtype=float)
-    best = None
-    for delay in np.arange(0.0, max_delay_s + delay_step_s / 2, delay_step_s):
-        a, y = _system(changes, edge_array, kinds, names, float(delay))
-        if len(y) < 2 * len(names) or np.linalg.matrix_rank(a) < len(names):
-            continue
-        power, _ = nnls(a, y)
-        rms = float(np.sqrt(np.mean(((a @ power - y) / a.sum(axis=1)) ** 2)))
-        if best is None or rms < best[0]:
-            best = (rms, float(delay), power, a)
-    if best is None:
+    if len(changes) < 3:
         return None
-    rms, delay, power, a = best
-    times = [t for t, _ in changes]
+    gridded = on_counter_grid(changes)
+    a, y = _system(gridded, np.asarray(edges, dtype=float), kinds, names)
+    if len(y) < 2 * len(names) or np.linalg.matrix_rank(a) < len(names):
+        return None
+    power, _ = nnls(a, y)
+    rms = float(np.sqrt(np.mean(((a @ power - y) / a.sum(axis=1)) ** 2)))
     return PassPower(power_w={n: float(p) for n, p in zip(names, power)},
-                     seconds={n: float(s) for n, s in zip(names, a.sum(axis=0))},
-                     delay_s=delay, rms_w=rms, increments=len(a), update_s=float(np.median(np.diff(times))))
+                     seconds={n: float(sec) for n, sec in zip(names, a.sum(axis=0))}, rms_w=rms,
+                     increments=len(y), update_s=float(gridded[1][0] - gridded[0][0]))

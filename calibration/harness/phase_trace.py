@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from calibration.harness.pass_power import CounterSampler, fit_pass_power
+from calibration.harness.pass_power import CounterSampler, PassPower, fit_pass_power
 
 ENV = "ADVISOR_PHASE_TRACE"
 MARKED_STEPS = 3
@@ -142,6 +142,23 @@ def power_steps(step_s: float, agree: Callable[[float, str], float]) -> int:
     return int(min(high, max(low, math.ceil(agree(POWER_WINDOW_S / max(step_s, 1e-6), "max")))))
 
 
+def kinds_of_passes(step_kinds: list[str], steps: int) -> list[str]:
+    """The kind of every interval between consecutive edges of `steps` steps (see measure_pass_power)."""
+    kinds: list[str] = []
+    for n in range(steps):
+        kinds.extend(step_kinds + (["forward"] if n < steps - 1 else []))
+    return kinds
+
+
+def refit_pass_power(recorded: dict) -> PassPower | None:
+    """The passes' power from a trace's recorded counter changes and edges, by the current fit; None for
+    a trace that kept no changes (machine BJ's, before they were kept)."""
+    if "counter_changes" not in recorded:
+        return None
+    return fit_pass_power([tuple(c) for c in recorded["counter_changes"]], recorded["edges"],
+                          kinds_of_passes(recorded["step_kinds"], recorded["steps"]))
+
+
 def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None],
                        grad_accum: int, steps: int, read_gpu_j: Callable[[], float | None]) -> dict | None:
     """`steps` steps with a synchronize at every pass's edge while the counter is polled; each kind of
@@ -152,7 +169,6 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
     if read_gpu_j() is None:
         return None
     edges: list[float] = []
-    kinds: list[str] = []
     # A micro-step's step call before the last only accumulates: a kind of its own.
     names = [name if name != "step" or micro == grad_accum - 1 else "accumulate"
              for name, micro in pass_names(grad_accum)]
@@ -162,10 +178,9 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
         edges.append(time.perf_counter())
 
     with CounterSampler(read_gpu_j) as sampler:
-        for n in range(steps):
+        for _ in range(steps):
             run_step(mark)
-            kinds.extend(names + (["forward"] if n < steps - 1 else []))
-    fitted = fit_pass_power(sampler.changes, edges, kinds)
+    fitted = fit_pass_power(sampler.changes, edges, kinds_of_passes(names, steps))
     if fitted is None:
         return None
     return {"steps": steps, **fitted.to_dict(), "step_kinds": names, "edges": edges, "counter_changes": sampler.changes}

@@ -56,3 +56,30 @@ def test_an_offload_runs_step_has_no_model_figure_to_compare():
     assert all(r["step"]["model_gpu_s"] is None and r["step"]["gpu_busy_s"] > 0 for r in rows)
     table = run("--runs", runs, "--traces", traces)
     assert table.returncode == 0 and "host copies" in table.stdout
+
+
+def test_the_passes_power_is_refitted_from_the_kept_counter_and_shown_for_gpu_bound_runs_only():
+    """Machine BK's traces kept the counter's changes: each GPU-bound run's forward and backward power and
+    its optimizer step's, refitted by the current fit; qwen2.5-3b at 2k, whose passes wait on the host, none."""
+    runs = REPO / "data" / "runs" / "h200-x1-phases-power-2026-12-03-BK.jsonl"
+    traces = REPO / "data" / "runs" / "phases" / "h200-x1-phases-power-2026-12-03-BK"
+    done = run("--runs", runs, "--traces", traces, "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["label"]: r for r in json.loads(done.stdout)["runs"]}
+    powered = {label: r["power"] for label, r in rows.items() if r["power"]}
+    assert sorted(label.split()[0] for label in powered) == ["gemma-2b-shape"] * 3 + ["llama-3.2-3b"]
+    assert all(r["power"] is None for label, r in rows.items() if label.startswith("qwen2.5-3b 2048"))
+    for w in powered.values():  # the optimizer step draws about half what the forward and backward do
+        assert 600 < w["forward_backward_w"] < 800 and 200 < w["step_w"] < 400
+        assert w["model_step_w"] < w["model_forward_backward_w"]
+    table = run("--runs", runs, "--traces", traces)
+    assert table.returncode == 0 and "GPU power of the passes" in table.stdout
+
+
+def test_a_trace_that_kept_no_counter_changes_has_no_power_row():
+    """Machine BJ's traces were fitted on the machine by the first fit and kept no changes to refit."""
+    runs = REPO / "data" / "runs" / "h200-x1-phases-power-2026-12-03-BJ.jsonl"
+    traces = REPO / "data" / "runs" / "phases" / "h200-x1-phases-power-2026-12-03-BJ"
+    done = run("--runs", runs, "--traces", traces, "--json")
+    assert done.returncode == 0, done.stderr
+    assert all(r["power"] is None for r in json.loads(done.stdout)["runs"])
