@@ -163,7 +163,9 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
                        grad_accum: int, steps: int, read_gpu_j: Callable[[], float | None]) -> dict | None:
     """`steps` steps with a synchronize at every pass's edge while the counter is polled; each kind of
     pass's power (`pass_power.fit_pass_power`), and the counter's changes and the edges it was fitted to
-    (for other readings of the counter). The host's moment from one step's end to the next one's start
+    (for other readings of the counter). The synchronizes cost: each pass then starts on an idle GPU
+    while the host issues its first kernels, so a synchronized step ran 3-16% longer than a marked one
+    where the GPU is busy (35% where the host is: machines BK and BL) and each pass's power holds that idle time; `synced_step_s` says how much. The host's moment from one step's end to the next one's start
     counts to the forward: as a kind of its own its fraction of a millisecond let the fit put kilowatts
     there (machine BJ). None where the counter is absent or too few of its changes fell within."""
     if read_gpu_j() is None:
@@ -183,7 +185,8 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
     fitted = fit_pass_power(sampler.changes, edges, kinds_of_passes(names, steps))
     if fitted is None:
         return None
-    return {"steps": steps, **fitted.to_dict(), "step_kinds": names, "edges": edges, "counter_changes": sampler.changes}
+    return {"steps": steps, "synced_step_s": (edges[-1] - edges[0]) / steps, **fitted.to_dict(), "step_kinds": names,
+            "edges": edges, "counter_changes": sampler.changes}
 
 
 def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None], grad_accum: int,
