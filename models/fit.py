@@ -24,6 +24,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from models.energy import PHASE_POWER
+from models.memory import FRAGMENTATION_FIELDS, fragmentation_index
 from models.predict import predict_batch
 from models.profile import FitRecord, HardwareProfile
 from models.strategy import Strategy, StrategyBatch
@@ -348,10 +349,11 @@ class ProfileFit:
         """Caching-allocator overhead, median of reserved / allocated - 1 over runs that measured
         both, apart for steps that offload the optimizer, and for the others with and without
         checkpointing (`models.memory` picks in that order): {profile path: (value, runs)}."""
+        fields = list(FRAGMENTATION_FIELDS)
+
         def kind(r: MeasuredRun) -> str:
-            if r.strategy.offload_optimizer != "none":
-                return "memory.fragmentation_offload"
-            return "memory.fragmentation_checkpointed" if r.strategy.checkpoint_every > 0 else "memory.fragmentation"
+            index = fragmentation_index(r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0)
+            return f"memory.{fields[int(index)]}"
 
         ratios: dict[str, list[float]] = {}
         for r in runs:
@@ -380,12 +382,10 @@ class ProfileFit:
                 spread = f" +- {f.std:.3g}" if f.std is not None else ""
                 values[f.name] = f.value
                 how[f.name] = f"{f.value:.4g}{spread} by least squares to {f.kind} of {n} measured runs"
-        kinds = {"memory.fragmentation": "non-checkpointed measured runs without optimizer offload",
-                 "memory.fragmentation_checkpointed": "checkpointed measured runs without optimizer offload",
-                 "memory.fragmentation_offload": "measured runs with optimizer offload"}
         for name, (value, count) in (self.fragmentation_ or {}).items():
             values[name] = value
-            how[name] = (f"{value:.4g}, median over {count} {kinds[name]} of torch max_memory_reserved / "
+            runs_of_kind = FRAGMENTATION_FIELDS[name.removeprefix("memory.")]
+            how[name] = (f"{value:.4g}, median over {count} {runs_of_kind} of torch max_memory_reserved / "
                          "max_memory_allocated - 1")
         for field in ("fragmentation_checkpointed", "fragmentation_offload"):
             if getattr(base.memory, field) is None and f"memory.{field}" in values:

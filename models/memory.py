@@ -87,6 +87,17 @@ RMSNORM_BYTES_PER_ELEMENT = 2 * FP32 + 2 * BF16
 # max_memory_allocated); 32 MiB each is the size cuBLAS recommends, and torch uses, on Hopper.
 GEMM_WORKSPACE_BYTES = 2 * 32 * 2**20
 MOMENTS = ("loss", "head", "layer", "reduce", "second_reduce", "end", "step")
+# The allocator's pool over the allocated peak, a profile figure for each kind of step (each the median of
+# the fitted runs of its kind, `models.fit`): profile field -> the runs it is taken over.
+FRAGMENTATION_FIELDS = {"fragmentation_offload": "measured runs with optimizer offload",
+                        "fragmentation_checkpointed": "checkpointed measured runs without optimizer offload",
+                        "fragmentation": "non-checkpointed measured runs without optimizer offload"}
+
+
+def fragmentation_index(offloads_optimizer, checkpointed) -> np.ndarray:
+    """Which of FRAGMENTATION_FIELDS (by position) a step's pool takes: optimizer offload first (it holds
+    the most), then checkpointing."""
+    return np.select([offloads_optimizer, checkpointed], [0, 1], 2)
 
 
 @dataclass(frozen=True)
@@ -328,9 +339,8 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     }
     allocated = np.maximum.reduce([moments[name] for name in MOMENTS])
     mem = profile.memory
-    frag_ckpt = (mem.fragmentation_checkpointed or mem.fragmentation).value
-    frag_offload = (mem.fragmentation_offload or mem.fragmentation).value
-    reserved = allocated * (1.0 + np.select([opt_off, n_ck > 0], [frag_offload, frag_ckpt], mem.fragmentation.value))
+    shares = np.array([(getattr(mem, field) or mem.fragmentation).value for field in FRAGMENTATION_FIELDS])
+    reserved = allocated * (1.0 + shares[fragmentation_index(opt_off, n_ck > 0)])
     peak = reserved + mem.framework_reserved.value * GIB
     ckpt_host = on_host * pinned_bytes(t * ckpt) + vision_host
     host_rank = states.host_bytes_per_rank + ckpt_host + profile.memory.host_process_per_rank.value * GIB
