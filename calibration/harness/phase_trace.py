@@ -165,9 +165,10 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
     pass's power (`pass_power.fit_pass_power`), and the counter's changes and the edges it was fitted to
     (for other readings of the counter). The synchronizes cost: each pass then starts on an idle GPU
     while the host issues its first kernels, so a synchronized step ran 3-16% longer than a marked one
-    where the GPU is busy (35% where the host is: machines BK and BL) and each pass's power holds that idle time; `synced_step_s` says how much. The host's moment from one step's end to the next one's start
-    counts to the forward: as a kind of its own its fraction of a millisecond let the fit put kilowatts
-    there (machine BJ). None where the counter is absent or too few of its changes fell within."""
+    where the GPU is busy (35% where the host is: machines BK and BL), and each pass's power holds that
+    idle time; `synced_step_s` says how much. The host's moment from one step's end to the next one's
+    start counts to the forward: as a kind of its own its fraction of a millisecond let the fit put
+    kilowatts there (machine BJ). None where the counter is absent or too few of its changes fell within."""
     if read_gpu_j() is None:
         return None
     edges: list[float] = []
