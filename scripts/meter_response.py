@@ -5,7 +5,7 @@ taking the counter as the integral of the power, delayed. On machine BJ (2026-12
 of residual and a delay anywhere from 0 to 220 ms: the counter may follow a running mean of the power
 instead. A square wave whose edges the host knows tells what each reading is: the energy counter, NVML's
 power (`nvmlDeviceGetPowerUsage`) and its instantaneous power field where the driver has one, each
-polled on a thread and kept at every change with its host time.
+each polled on a thread of its own and kept at every change with its host time.
 
     python scripts/meter_response.py OUT.json [--periods 0.2,0.5,2] [--seconds 8]
 
@@ -17,51 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from calibration.harness.pass_power import ChangeSampler  # noqa: E402
 from calibration.meters import NullGpuMeter, open_gpu_meter  # noqa: E402
 
 GPU = torch.cuda.is_available()
 GEMM_SIZE = 8192 if GPU else 64
-POLL_S = 0.001
 
 
 def sync() -> None:
     if GPU:
         torch.cuda.synchronize()
-
-
-class Readings:
-    """Each reading's changes (host time, value) while polled on a thread."""
-
-    def __init__(self, read: dict):
-        self._read = read
-        self.changes: dict[str, list[tuple[float, float]]] = {name: [] for name in read}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        last: dict[str, float | None] = {}
-        while not self._stop.is_set():
-            for name, read in self._read.items():
-                value = read()
-                if value is not None and value != last.get(name):
-                    self.changes[name].append((time.perf_counter(), value))
-                    last[name] = value
-            time.sleep(POLL_S)
-
-    def __enter__(self) -> "Readings":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)
 
 
 def square_wave(period_s: float, seconds: float) -> list[tuple[float, float]]:
@@ -92,15 +64,15 @@ def main(out: Path, periods_s: list[float], seconds: float) -> None:
     reads = {"energy_counter_j": counter_j, "power_w": lambda: sensor.power_w(index),
              "instant_power_w": lambda: sensor.instant_power_w(index)}
     waves = []
-    with Readings(reads) as readings:
+    with ExitStack() as stack:
+        samplers = {name: stack.enter_context(ChangeSampler(read)) for name, read in reads.items()}
         time.sleep(1.0 if GPU else 0.01)  # idle before the first wave
         for period in periods_s:
             waves.append({"period_s": period, "bursts": square_wave(period, seconds)})
             time.sleep(2.0 if GPU else 0.01)
-    result = {"meter": sensor.kind, "gemm_size": GEMM_SIZE, "waves": waves,
-              "readings": {name: changes for name, changes in readings.changes.items()}}
-    out.write_text(json.dumps(result))
-    counts = ", ".join(f"{name} {len(c)} changes" for name, c in readings.changes.items())
+    changes = {name: sampler.changes for name, sampler in samplers.items()}
+    out.write_text(json.dumps({"meter": sensor.kind, "gemm_size": GEMM_SIZE, "waves": waves, "readings": changes}))
+    counts = ", ".join(f"{name} {len(c)} changes" for name, c in changes.items())
     print(f"{len(waves)} waves -> {out} ({sensor.kind}: {counts})")
 
 

@@ -28,9 +28,9 @@ POLL_S = 0.001
 GRID_QUANTILE = 2  # percent: the changes seen soonest after the counter moved mark its grid
 
 
-class CounterSampler:
-    """Polls `read_j` on a thread and keeps each change of the counter with its host time
-    (`time.perf_counter`). The NVML call releases the GIL, so the training thread runs on."""
+class ChangeSampler:
+    """Polls a reading (the energy counter, a power) on a thread and keeps each change of it with its
+    host time (`time.perf_counter`). The NVML call releases the GIL, so the training thread runs on."""
 
     def __init__(self, read_j: Callable[[], float | None], poll_s: float = POLL_S):
         self._read_j, self._poll_s = read_j, poll_s
@@ -47,7 +47,7 @@ class CounterSampler:
                 last = value
             time.sleep(self._poll_s)
 
-    def __enter__(self) -> "CounterSampler":
+    def __enter__(self) -> "ChangeSampler":
         self._thread.start()
         return self
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from calibration.harness.pass_power import CounterSampler, PassPower, fit_pass_power
+from calibration.harness.pass_power import ChangeSampler, PassPower, fit_pass_power
 
 ENV = "ADVISOR_PHASE_TRACE"
 MARKED_STEPS = 3
@@ -180,7 +180,7 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
         sync()
         edges.append(time.perf_counter())
 
-    with CounterSampler(read_gpu_j) as sampler:
+    with ChangeSampler(read_gpu_j) as sampler:
         for _ in range(steps):
             run_step(mark)
     fitted = fit_pass_power(sampler.changes, edges, kinds_of_passes(names, steps))

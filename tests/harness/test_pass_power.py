@@ -3,7 +3,7 @@ import time
 import numpy as np
 import pytest
 
-from calibration.harness.pass_power import CounterSampler, fit_pass_power, on_counter_grid
+from calibration.harness.pass_power import ChangeSampler, fit_pass_power, on_counter_grid
 
 PASSES = (("forward", 0.08, 650.0), ("backward", 0.13, 690.0), ("step", 0.07, 420.0))
 IDLE_W = 80.0
@@ -62,7 +62,7 @@ def test_too_few_changes_within_the_passes_give_no_answer():
 
 def test_the_sampler_keeps_each_change_of_the_counter_once():
     values = iter([None, 1.0, 1.0, 2.0] + [2.0] * 10_000)
-    with CounterSampler(lambda: next(values), poll_s=0.0005) as sampler:
+    with ChangeSampler(lambda: next(values), poll_s=0.0005) as sampler:
         deadline = time.monotonic() + 5.0
         while len(sampler.changes) < 2 and time.monotonic() < deadline:
             time.sleep(0.001)
