@@ -5,7 +5,7 @@ taking the counter as the integral of the power, delayed. On machine BJ (2026-12
 of residual and a delay anywhere from 0 to 220 ms: the counter may follow a running mean of the power
 instead. A square wave whose edges the host knows tells what each reading is: the energy counter, NVML's
 power (`nvmlDeviceGetPowerUsage`) and its instantaneous power field where the driver has one, each
-each polled on a thread of its own and kept at every change with its host time.
+polled on a thread of its own and kept at every change with its host time.
 
     python scripts/meter_response.py OUT.json [--periods 0.2,0.5,2] [--seconds 8]
 
