@@ -387,7 +387,7 @@ class ProfileFit:
             runs_of_kind = FRAGMENTATION_FIELDS[name.removeprefix("memory.")]
             how[name] = (f"{value:.4g}, median over {count} {runs_of_kind} of torch max_memory_reserved / "
                          "max_memory_allocated - 1")
-        for field in ("fragmentation_checkpointed", "fragmentation_offload"):
+        for field in (f for f in FRAGMENTATION_FIELDS if f != "fragmentation"):  # the base figure always has a node
             if getattr(base.memory, field) is None and f"memory.{field}" in values:
                 base = base.model_copy(update={"memory": base.memory.model_copy(update={
                     field: base.memory.fragmentation})})  # a node to hold the fitted value
