@@ -34,10 +34,10 @@ STEP_PHASES = ("optimizer_gpu", "deepspeed_overhead")
 GPU_BOUND_BUSY = 0.9  # a pass busy this share of its span is the GPU's
 
 
-def power_row(pass_power: PassPower, prediction, synced_excess: float) -> dict:
+def power_row(pass_power: PassPower, prediction, excess: float) -> dict:
     """Measured and modelled watts of the forward and backward together and of the optimizer step;
-    `synced_excess`, how much longer the synchronized steps ran than the marked ones, is idle time the
-    measured watts hold and a step in training does not."""
+    `excess`, how much longer the power's steps ran than the marked ones, is idle time the measured
+    watts hold and a step in training does not (synchronized edges: machines BK and BL)."""
     watts, seconds = pass_power.power_w, pass_power.seconds
     passes = [k for k in ("forward", "backward") if k in watts]
     measured_fb = sum(watts[k] * seconds[k] for k in passes) / sum(seconds[k] for k in passes)
@@ -47,7 +47,7 @@ def power_row(pass_power: PassPower, prediction, synced_excess: float) -> dict:
     return {"forward_backward_w": measured_fb,
             "model_forward_backward_w": (prediction.gpu_energy_j - step_j) / rest_s if rest_s > 0 else None,
             "step_w": watts.get("step"), "model_step_w": step_j / step_s if step_s > 0 else None,
-            "rms_w": pass_power.rms_w, "synced_excess": synced_excess}
+            "rms_w": pass_power.rms_w, "excess": excess}
 
 
 def pass_rows(records, traces: Path, profile) -> list[dict]:
@@ -84,9 +84,9 @@ def pass_rows(records, traces: Path, profile) -> list[dict]:
                         for name in PASSES if passes[(name, last)]["gpu_span_s"])
         fitted = refit_pass_power(trace["pass_power"]) if trace.get("pass_power") else None
         recorded = trace.get("pass_power") or {}
-        synced_excess = ((recorded["edges"][-1] - recorded["edges"][0]) / recorded["steps"] / trace["step_s"] - 1
-                         if "edges" in recorded else None)
-        row["power"] = (power_row(fitted, predict(run.workload, run.strategy, run.on_its_host(profile)), synced_excess)
+        excess = ((recorded["edges"][-1] - recorded["edges"][0]) / recorded["steps"] / trace["step_s"] - 1
+                  if "edges" in recorded else None)
+        row["power"] = (power_row(fitted, predict(run.workload, run.strategy, run.on_its_host(profile)), excess)
                         if fitted and gpu_bound and not offloaded else None)
         rows.append(row)
     return rows
@@ -143,15 +143,15 @@ def main(argv=None) -> int:
     powered = [r for r in rows if r["power"]]
     if powered:
         watts = Table(title="GPU power of the passes, W, measured / model (model's error); the fit's residual")
-        for column in ("run", "forward + backward", "optimizer step", "residual", "synchronized step longer"):
+        for column in ("run", "forward + backward", "optimizer step", "residual", "steps longer than marked"):
             watts.add_column(column, justify="left" if column == "run" else "right")
         for r in powered:
             w = r["power"]
             watts.add_row(r["label"], _watts(w["forward_backward_w"], w["model_forward_backward_w"]),
-                          _watts(w["step_w"], w["model_step_w"]), f"{w['rms_w']:.0f}", f"{w['synced_excess'] * 100:+.0f}%")
+                          _watts(w["step_w"], w["model_step_w"]), f"{w['rms_w']:.0f}", f"{w['excess'] * 100:+.0f}%")
         Console(width=220).print(watts)
-        print("The passes' power is measured on synchronized steps: each pass starts on an idle GPU, and the "
-              "measured watts hold that idle time (the last column), which a step in training does not.")
+        print("Where the power's steps ran longer than the marked ones (the last column; a synchronize at each edge "
+              "before the edges were taken on the GPU's clock), the measured watts hold that idle time.")
     print("A pass whose GPU is busy for most of its span is the GPU's: its host seconds then include waiting on a "
           "full launch queue, and say nothing of the issue time.")
     if any(r["host_copies_in_gpu_busy"] for r in rows):

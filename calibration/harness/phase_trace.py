@@ -12,8 +12,8 @@ every rank runs MARKED_STEPS more steps with a marker kernel launched between pa
 - the last, under torch.profiler with device activity only (host tracing would slow the very issue
   time that is measured), gives each pass's busy seconds: the union of its kernels, copies and memsets
   between two markers.
-- then, where the GPU has an energy meter, steps for about POWER_WINDOW_S with a synchronize at each
-  pass's edge while a thread polls the counter: each kind of pass's power (`pass_power`).
+- then, where the GPU has an energy meter, marked steps for about POWER_WINDOW_S while a thread polls
+  the counter, the passes' edges taken on the GPU's clock: each kind of pass's power (`pass_power`).
 Rank 0 writes `phase_trace.json`. The CPU path (no CUDA) has no device clock: spans and busy times are
 reported absent (None), the host seconds are measured; without a meter the passes' power is absent.
 """
@@ -36,7 +36,7 @@ MARKER_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel: training never laun
 MARKER_CYCLES = 100
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 POWER_WINDOW_S = 12.0  # about 120 counter changes at its ~100 ms
-POWER_STEPS = (8, 200)  # the fewest and most synchronized steps for the passes' power
+POWER_STEPS = (8, 200)  # the fewest and most steps for the passes' power
 
 
 def wanted() -> bool:
@@ -137,7 +137,7 @@ def pass_times(names: list[tuple[str, int]], host_gaps: list[list[float]], gpu_g
 
 
 def power_steps(step_s: float, agree: Callable[[float, str], float]) -> int:
-    """How many synchronized steps fill POWER_WINDOW_S, the same on every rank (they step together)."""
+    """How many steps fill POWER_WINDOW_S, the same on every rank (they step together)."""
     low, high = POWER_STEPS
     return int(min(high, max(low, math.ceil(agree(POWER_WINDOW_S / max(step_s, 1e-6), "max")))))
 
@@ -159,35 +159,60 @@ def refit_pass_power(recorded: dict) -> PassPower | None:
                           kinds_of_passes(recorded["step_kinds"], recorded["steps"]))
 
 
-def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None],
-                       grad_accum: int, steps: int, read_gpu_j: Callable[[], float | None]) -> dict | None:
-    """`steps` steps with a synchronize at every pass's edge while the counter is polled; each kind of
-    pass's power (`pass_power.fit_pass_power`), and the counter's changes and the edges it was fitted to
-    (for other readings of the counter). The synchronizes cost: each pass then starts on an idle GPU
-    while the host issues its first kernels, so a synchronized step ran 3-16% longer than a marked one
-    where the GPU is busy (35% where the host is: machines BK and BL), and each pass's power holds that
-    idle time; `synced_step_s` says how much. The host's moment from one step's end to the next one's
-    start counts to the forward: as a kind of its own its fraction of a millisecond let the fit put
-    kilowatts there (machine BJ). None where the counter is absent or too few of its changes fell within."""
-    if read_gpu_j() is None:
-        return None
+def gpu_edges(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None], steps: int) -> list[float]:
+    """The passes' edges on the GPU's own clock, as host times: a marker event between passes and no
+    synchronize, each timed from an event recorded on the idle GPU at a known host time. The counter
+    integrates what the GPU draws, so its edges are the GPU's, not the host's."""
+    import torch
+
+    marker = Marker(cuda=True)
+    sync()
+    origin = torch.cuda.Event(enable_timing=True)
+    start = time.perf_counter()
+    origin.record()
+    for _ in range(steps):
+        run_step(marker)
+    sync()
+    return [start + origin.elapsed_time(event) / 1e3 for event in marker.events]
+
+
+def host_edges(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None], steps: int) -> list[float]:
+    """The passes' edges as the host sees them after a synchronize at each (the path without CUDA events).
+    On a GPU this costs: each pass then starts on an idle GPU while the host issues its first kernels,
+    and such steps ran 3-16% longer than marked ones where the GPU is busy, 35% where the host is
+    (machines BK and BL, whose traces were taken this way)."""
     edges: list[float] = []
-    # A micro-step's step call before the last only accumulates: a kind of its own.
-    names = [name if name != "step" or micro == grad_accum - 1 else "accumulate"
-             for name, micro in pass_names(grad_accum)]
 
     def mark() -> None:
         sync()
         edges.append(time.perf_counter())
 
+    for _ in range(steps):
+        run_step(mark)
+    return edges
+
+
+def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None],
+                       grad_accum: int, steps: int, read_gpu_j: Callable[[], float | None],
+                       cuda: bool) -> dict | None:
+    """`steps` steps while the counter is polled; each kind of pass's power (`pass_power.fit_pass_power`),
+    how long the steps took (`mean_step_s`, beside the marked steps' `step_s`), and the counter's changes
+    and the edges it was fitted to (for other readings of the counter). The host's moment from one step's
+    end to the next one's start counts to the forward: as a kind of its own its fraction of a millisecond
+    let the fit put kilowatts there (machine BJ). None where the counter is absent or too few of its
+    changes fell within."""
+    if read_gpu_j() is None:
+        return None
+    # A micro-step's step call before the last only accumulates: a kind of its own.
+    names = [name if name != "step" or micro == grad_accum - 1 else "accumulate"
+             for name, micro in pass_names(grad_accum)]
     with ChangeSampler(read_gpu_j) as sampler:
-        for _ in range(steps):
-            run_step(mark)
+        edges = (gpu_edges if cuda else host_edges)(run_step, sync, steps)
     fitted = fit_pass_power(sampler.changes, edges, kinds_of_passes(names, steps))
     if fitted is None:
         return None
-    return {"steps": steps, "synced_step_s": (edges[-1] - edges[0]) / steps, **fitted.to_dict(), "step_kinds": names,
-            "edges": edges, "counter_changes": sampler.changes}
+    return {"steps": steps, "edges_on": "gpu" if cuda else "host", "mean_step_s": (edges[-1] - edges[0]) / steps,
+            **fitted.to_dict(), "step_kinds": names, "edges": edges, "counter_changes": sampler.changes}
 
 
 def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None], grad_accum: int,
@@ -224,7 +249,7 @@ def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callabl
             busy = busy_between_markers_s(device_events_of_trace(json.loads(trace_path.read_text())))
             trace_path.unlink()
     power = measure_pass_power(run_step, sync, grad_accum, power_steps(statistics.median(step_s), agree),
-                               read_gpu_j)
+                               read_gpu_j, cuda)
     if not writing:
         return
     passes = pass_times(pass_names(grad_accum), host_gaps, gpu_gaps or None, busy)

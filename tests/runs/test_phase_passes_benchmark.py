@@ -72,7 +72,7 @@ def test_the_passes_power_is_refitted_from_the_kept_counter_and_shown_for_gpu_bo
     for w in powered.values():  # the optimizer step draws about half what the forward and backward do
         assert 600 < w["forward_backward_w"] < 800 and 200 < w["step_w"] < 400
         assert w["model_step_w"] < w["model_forward_backward_w"]
-        assert 0.0 < w["synced_excess"] < 0.2  # the synchronizes' idle time, said beside the watts
+        assert 0.0 < w["excess"] < 0.2  # the synchronizes' idle time, said beside the watts
     table = run("--runs", runs, "--traces", traces)
     assert table.returncode == 0 and "GPU power of the passes" in table.stdout
 
