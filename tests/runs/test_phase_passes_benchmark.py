@@ -84,3 +84,16 @@ def test_a_trace_that_kept_no_counter_changes_has_no_power_row():
     done = run("--runs", runs, "--traces", traces, "--json")
     assert done.returncode == 0, done.stderr
     assert all(r["power"] is None for r in json.loads(done.stdout)["runs"])
+
+
+def test_edges_on_the_gpus_clock_leave_the_steps_near_the_marked_ones():
+    """Machine BM took the passes' edges from CUDA events, with no synchronize at each: its power steps
+    ran within 6% of the marked ones, where BK's synchronized ones ran up to 14% longer."""
+    runs = REPO / "data" / "runs" / "h200-x1-phases-power-3-2026-12-03.jsonl"
+    traces = REPO / "data" / "runs" / "phases" / "h200-x1-phases-power-3-2026-12-03-BM"
+    assert all(json.loads(p.read_text())["pass_power"]["edges_on"] == "gpu" for p in traces.glob("*.json"))
+    done = run("--runs", runs, "--traces", traces, "--json")
+    assert done.returncode == 0, done.stderr
+    powered = [r["power"] for r in json.loads(done.stdout)["runs"]]
+    assert len(powered) == 3 and all(w and 0.0 <= w["excess"] < 0.06 for w in powered)
+    assert all(w["rms_w"] < 40 and w["step_w"] < w["forward_backward_w"] for w in powered)
