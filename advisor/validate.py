@@ -135,6 +135,25 @@ def make_predictor(profile_name: str) -> Callable[[Candidate], tuple[dict | None
 
 
 @dataclass(frozen=True)
+class PredictedCandidate:
+    """One line of a sweep with the model's prediction for it (None, with notes, where it has none)."""
+
+    candidate: Candidate
+    prediction: dict | None
+    profile: str | None
+    notes: list[str]
+
+
+def predicted_sweep(path: str | Path, profile_name: str) -> list[PredictedCandidate]:
+    """Every candidate of a sweep file with its prediction: what is committed before a device call
+    (`scripts/predict_sweep.py`) and what a memory cap is a multiple of (`scripts/memory_cap.py`).
+    Raises as `candidates_from_sweep` does."""
+    candidates = candidates_from_sweep(path)
+    predict = make_predictor(profile_name)
+    return [PredictedCandidate(c, *predict(c)) for c in candidates]
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Predicted against measured for one run; error_pct = 100 (predicted - measured) / measured."""
 

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from advisor.validate import candidates_from_sweep, make_predictor  # noqa: E402
+from advisor.validate import predicted_sweep  # noqa: E402
 from calibration.harness.memory_cap import ENV, UNCAPPED, cap_note, noted_factor  # noqa: E402
 from calibration.harness.runner import RunSettings, run_candidate  # noqa: E402
 from calibration.harness.window import WindowSettings  # noqa: E402
@@ -109,15 +109,13 @@ def main(argv=None) -> int:
     p.add_argument("--min-window-s", type=float, default=3.0)
     args = p.parse_args(argv)
     try:
-        candidates = candidates_from_sweep(args.sweep)
+        predicted = predicted_sweep(args.sweep, args.profile)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    predict = make_predictor(args.profile)
-    predictions = [predict(c) for c in candidates]
-    for c, (prediction, _, notes) in zip(candidates, predictions):
-        if prediction is None:  # the caps are multiples of the prediction
-            print(f"error: {c.label}: {'; '.join(notes)}", file=sys.stderr)
+    for entry in predicted:
+        if entry.prediction is None:  # the caps are multiples of the prediction
+            print(f"error: {entry.candidate.label}: {'; '.join(entry.notes)}", file=sys.stderr)
             return 2
 
     done = read_records(args.out) if args.out.exists() else []
@@ -126,8 +124,9 @@ def main(argv=None) -> int:
         tried.setdefault(r.key, []).append((noted_factor(r.notes), r.result.status))
     window = WindowSettings(steps=args.steps, min_window_s=args.min_window_s, precision=0.0)
     end = time.monotonic() + args.budget_s
-    for c, (prediction, profile, _) in zip(candidates, predictions):
-        allocated, mine = prediction["allocated_gpu_mem_gib"], tried.setdefault(c.key(), [])
+    for entry in predicted:
+        c = entry.candidate
+        allocated, mine = entry.prediction["allocated_gpu_mem_gib"], tried.setdefault(c.key(), [])
         for factor in [UNCAPPED, *args.caps]:
             if any(f == factor for f, _ in mine) or (factor != UNCAPPED and settled(factor, mine)):
                 continue
@@ -137,7 +136,7 @@ def main(argv=None) -> int:
             env = {} if factor == UNCAPPED else {ENV: f"{factor * allocated:.3f}"}
             settings = RunSettings(window=window, timeout_s=args.timeout_s, env=env)
             result = run_candidate(c, args.workdir / f"cap-{factor:g}", settings)
-            record = RunRecord.now(c, result, prediction, profile, notes=[cap_note(factor)])
+            record = RunRecord.now(c, result, entry.prediction, entry.profile, notes=[cap_note(factor)])
             append_record(args.out, record)
             done.append(record)
             mine.append((factor, result.status))

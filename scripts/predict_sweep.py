@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from advisor.validate import SweepFileError, candidates_from_sweep, make_predictor  # noqa: E402
+from advisor.validate import SweepFileError, predicted_sweep  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -25,17 +25,13 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="h200")
     args = p.parse_args(argv)
     try:
-        candidates = candidates_from_sweep(args.sweep)
+        predicted = predicted_sweep(args.sweep, args.profile)
     except (OSError, SweepFileError) as exc:
         print(f"predict_sweep: {exc}", file=sys.stderr)
         return 1
-    predict = make_predictor(args.profile)
     out = args.sweep.with_name(args.sweep.name.removesuffix(".jsonl") + ".predicted.jsonl")
-    lines = []
-    for c in candidates:
-        prediction, profile, notes = predict(c)
-        lines.append(json.dumps({"key": c.key(), "label": c.label, "profile": profile, "notes": notes,
-                                 "prediction": prediction}))
+    lines = [json.dumps({"key": entry.candidate.key(), "label": entry.candidate.label, "profile": entry.profile,
+                         "notes": entry.notes, "prediction": entry.prediction}) for entry in predicted]
     out.write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} predictions -> {out}")
     return 0

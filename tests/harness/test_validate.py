@@ -15,6 +15,7 @@ from advisor.validate import (
     candidates_from_sweep,
     compare,
     make_predictor,
+    predicted_sweep,
 )
 from runs.record import Candidate, RunRecord, RunResult
 from runs.store import RunStore
@@ -74,6 +75,20 @@ def test_the_predictor_uses_the_cost_model_and_records_why_when_it_cannot():
     assert pred is None and notes[0].startswith("no prediction:")
     bare = Candidate(model="qwen2.5-0.5b", seq_len=4096, ds_config=ds_config(2))
     assert make_predictor("gh200")(bare)[2] == ["no prediction: the candidate carries no strategy"]
+
+
+def test_a_predicted_sweep_pairs_each_line_with_its_prediction_in_order(tmp_path):
+    strategy = {"zero_stage": 2, "checkpoint_every": 1}
+    path = write_sweep(tmp_path, {"model": "qwen2.5-0.5b", "seq": 4096, "strategy": strategy},
+                       {"model": "qwen2.5-0.5b", "seq": 8192, "strategy": strategy})
+    first, second = predicted_sweep(path, "gh200")
+    assert (first.candidate.seq_len, second.candidate.seq_len) == (4096, 8192)
+    assert first.profile == "gh200" and first.notes == []
+    assert 0 < first.prediction["step_time_s"] < second.prediction["step_time_s"]
+    missing = predicted_sweep(path, "no-such-profile")[0]
+    assert missing.prediction is None and missing.notes[0].startswith("no prediction:")
+    with pytest.raises(SweepFileError):
+        predicted_sweep(write_sweep(tmp_path, "{not json"), "gh200")
 
 
 def test_compare_gives_signed_percentage_errors():
