@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from calibration.harness.pass_power import PassPower  # noqa: E402
-from calibration.harness.phase_trace import refit_pass_power  # noqa: E402
+from calibration.harness.phase_trace import power_step_s, refit_pass_power  # noqa: E402
 from models.predict import predict, step_timing  # noqa: E402
 from models.profile import ProfileError, load_profile  # noqa: E402
 from runs.jsonl import RunFileError, read_records  # noqa: E402
@@ -39,7 +39,7 @@ def power_row(pass_power: PassPower, prediction, excess: float) -> dict:
     `excess`, how much longer the power's steps ran than the marked ones, is idle time the measured
     watts hold and a step in training does not (synchronized edges: machines BK and BL)."""
     watts, seconds = pass_power.power_w, pass_power.seconds
-    passes = [k for k in ("forward", "backward") if k in watts]
+    passes = [k for k in PASSES if k in watts]
     measured_fb = sum(watts[k] * seconds[k] for k in passes) / sum(seconds[k] for k in passes)
     step = [p for p in prediction.breakdown if p.name in STEP_PHASES]
     step_s, step_j = sum(p.time_s for p in step), sum(p.gpu_energy_j for p in step)
@@ -83,11 +83,10 @@ def pass_rows(records, traces: Path, profile) -> list[dict]:
         gpu_bound = all(passes[(name, last)]["gpu_busy_s"] >= GPU_BOUND_BUSY * passes[(name, last)]["gpu_span_s"]
                         for name in PASSES if passes[(name, last)]["gpu_span_s"])
         fitted = refit_pass_power(trace["pass_power"]) if trace.get("pass_power") else None
-        recorded = trace.get("pass_power") or {}
-        excess = ((recorded["edges"][-1] - recorded["edges"][0]) / recorded["steps"] / trace["step_s"] - 1
-                  if "edges" in recorded else None)
-        row["power"] = (power_row(fitted, predict(run.workload, run.strategy, run.on_its_host(profile)), excess)
-                        if fitted and gpu_bound and not offloaded else None)
+        row["power"] = None
+        if fitted and gpu_bound and not offloaded:
+            excess = power_step_s(trace["pass_power"]) / trace["step_s"] - 1
+            row["power"] = power_row(fitted, predict(run.workload, run.strategy, run.on_its_host(profile)), excess)
         rows.append(row)
     return rows
 

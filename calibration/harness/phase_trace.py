@@ -150,6 +150,12 @@ def kinds_of_passes(step_kinds: list[str], steps: int) -> list[str]:
     return kinds
 
 
+def power_step_s(recorded: dict) -> float:
+    """The power steps' mean seconds, from their recorded edges: beside the marked steps' `step_s`, how
+    much idle time the passes' watts hold (synchronized edges, machines BK and BL)."""
+    return (recorded["edges"][-1] - recorded["edges"][0]) / recorded["steps"]
+
+
 def refit_pass_power(recorded: dict) -> PassPower | None:
     """The passes' power from a trace's recorded counter changes and edges, by the current fit; None for
     a trace that kept no changes (machine BJ's, before they were kept)."""
@@ -196,8 +202,8 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
                        grad_accum: int, steps: int, read_gpu_j: Callable[[], float | None],
                        cuda: bool) -> dict | None:
     """`steps` steps while the counter is polled; each kind of pass's power (`pass_power.fit_pass_power`),
-    how long the steps took (`mean_step_s`, beside the marked steps' `step_s`), and the counter's changes
-    and the edges it was fitted to (for other readings of the counter). The host's moment from one step's
+    and the counter's changes and the edges it was fitted to (for other readings of the counter, and
+    `power_step_s`). The host's moment from one step's
     end to the next one's start counts to the forward: as a kind of its own its fraction of a millisecond
     let the fit put kilowatts there (machine BJ). None where the counter is absent or too few of its
     changes fell within."""
@@ -211,8 +217,8 @@ def measure_pass_power(run_step: Callable[[Callable[[], None]], object], sync: C
     fitted = fit_pass_power(sampler.changes, edges, kinds_of_passes(names, steps))
     if fitted is None:
         return None
-    return {"steps": steps, "edges_on": "gpu" if cuda else "host", "mean_step_s": (edges[-1] - edges[0]) / steps,
-            **fitted.to_dict(), "step_kinds": names, "edges": edges, "counter_changes": sampler.changes}
+    return {"steps": steps, "edges_on": "gpu" if cuda else "host", **fitted.to_dict(), "step_kinds": names,
+            "edges": edges, "counter_changes": sampler.changes}
 
 
 def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callable[[], None], grad_accum: int,
