@@ -5,8 +5,8 @@ cannot say which phase draws more than it says (the Gemma-shaped runs came out 4
 time). NVML's energy counter moves in steps (every 100 ms, longer than an optimizer step), so a pass's
 energy cannot be read off the counter at the pass's edges.
 
-So: a thread polls the counter and keeps every change while steps run with a synchronize at each pass's
-edge, whose host times bound the passes. Each counter increment is the integral of the GPU's power over
+So: a thread polls the counter and keeps every change while steps run, and the passes' edges are
+taken as host times (on the GPU's clock where there is one, `phase_trace.gpu_edges`). Each counter increment is the integral of the GPU's power over
 the interval since the last change; with one power per kind of pass the increments are linear in those
 powers, and non-negative least squares gives them. What the counter is was measured against a square
 wave of GEMM bursts (`scripts/meter_response.py`, machine BK, 2026-12-03): it moves every 100.0 ms by

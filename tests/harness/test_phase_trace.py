@@ -93,13 +93,15 @@ def test_with_a_counter_each_kind_of_pass_gets_a_power_and_without_one_it_is_abs
     assert 20 <= power["steps"] <= 40
     assert len(power["edges"]) == 6 * power["steps"] + power["steps"] and power["step_kinds"][2] == "accumulate"
     assert len(power["counter_changes"]) > power["increments"]  # the raw changes, kept for other readings
-    # The fit's accuracy is test_pass_power's; here the counter is polled on a loaded CPU, a millisecond
-    # off on a 10 ms increment, so the kinds only come out near 100 W and their mean close to it.
+    # What the trace keeps is enough to fit again: the same powers from the record alone.
+    assert phase_trace.refit_pass_power(power).power_w == pytest.approx(power["power_w"])
     seconds = power["seconds"]
+    assert 0.5 * (power["edges"][-1] - power["edges"][0]) < sum(seconds.values()) <= power["edges"][-1] - power["edges"][0]
+    # Each kind's accuracy is test_pass_power's (a counter without poll jitter): here the counter is polled
+    # on a CPU the scheduler may hold a poll back on for longer than a 4 ms pass (CI, 2026-12-03: one kind
+    # at 10 W), so only the energy over the fitted seconds is asserted, which no split between kinds moves.
     mean_w = sum(power["power_w"][k] * seconds[k] for k in seconds) / sum(seconds.values())
     assert mean_w == pytest.approx(100.0, rel=0.05)
-    for kind in ("forward", "backward", "accumulate", "step"):
-        assert power["power_w"][kind] == pytest.approx(100.0, rel=0.4)
     phase_trace.trace_passes(run_step, lambda: None, 2, True, tmp_path / "t.json", cuda=False)
     assert json.loads((tmp_path / "t.json").read_text())["pass_power"] is None
 
