@@ -101,7 +101,18 @@ def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
             **{f"{name}_s_per_layer": s for name, s in median_s_per_layer(rounds).items()},
             "backward_ratio": statistics.median(r[0][1] / r[0][0] for r in rounds),
             "checkpointed_forward_ratio": statistics.median(r[1][0] / r[0][0] for r in rounds),
-            "recompute_ratio": statistics.median((r[1][1] - r[0][1]) / r[0][0] for r in rounds)}
+            "recompute_ratio": recompute_ratio(rounds)}
+
+
+def recompute_ratio(rounds: list[Round]) -> float:
+    """What checkpointing adds to the backward's issue time, over the plain forward's: the rounds'
+    median. A difference of two timings, so on a busy host it can come out at zero or below, which is
+    no measurement of the recompute: an error then, and the profile takes none."""
+    ratio = statistics.median((r[1][1] - r[0][1]) / r[0][0] for r in rounds)
+    if not ratio > 0:
+        raise RuntimeError(f"checkpointing added {ratio:+.2f} of a forward's issue time to the backward: the host's "
+                           "noise outweighed the recompute; calibrate again on a quieter host")
+    return ratio
 
 
 def items(ctx: BenchContext) -> list[BenchItem]:

@@ -14,7 +14,7 @@ from cal_helpers import env, gpu_results, ratio_raw, ratio_rows, rr
 
 from calibration.merge import merged_profile
 from calibration.microbench.common import BenchContext, sizes_for
-from calibration.microbench.pass_issue import bench_pass_issue
+from calibration.microbench.pass_issue import bench_pass_issue, recompute_ratio
 from calibration.profile_writer import build_profile
 from models.profile import parse_profile
 
@@ -28,6 +28,13 @@ def test_the_cpu_path_times_each_pass_of_harness_blocks():
     # a checkpointed layer's backward runs its forward again first
     assert row["checkpointed_backward_s_per_layer"] > row["backward_s_per_layer"]
     assert row["recompute_ratio"] > 0 and row["backward_ratio"] > 0
+
+
+def test_a_recompute_lost_in_the_host_s_noise_is_an_error_not_a_ratio():
+    """Rounds of ((forward, backward) plain, (forward, backward) checkpointed) in seconds."""
+    assert recompute_ratio([((1.0, 2.0), (1.0, 3.0)), ((1.0, 2.0), (1.0, 2.5))]) == pytest.approx(0.75)
+    with pytest.raises(RuntimeError, match=r"added -0\.10 of a forward's"):
+        recompute_ratio([((1.0, 2.0), (1.0, 1.9)), ((1.0, 2.0), (1.0, 1.9))])
 
 
 def pass_rows():

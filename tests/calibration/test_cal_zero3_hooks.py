@@ -29,6 +29,14 @@ def test_a_zero3_forward_no_slower_than_zero0_s_is_an_error_not_a_ratio():
         hook_ratios(ZERO0, {**ZERO0, "forward": 0.9})
 
 
+def test_a_recompute_lost_in_the_host_s_noise_is_an_error_not_a_negative_ratio():
+    """CI, 2026-12-03: a loaded CPU path measured the recompute's hooks at -0.21 of a forward's, and the
+    profile it wrote would not load."""
+    zero3 = {"forward": 3.0, "backward": 3.2, "checkpointed_forward": 2.0, "checkpointed_backward": 4.5}
+    with pytest.raises(RuntimeError, match=r"recompute -100\.000 ms.*no hooks to measure"):
+        hook_ratios(ZERO0, zero3)  # checkpointing added 1.4 s to ZeRO-0's backward, 1.3 s to ZeRO-3's
+
+
 @pytest.mark.slow
 def test_the_cpu_path_times_both_stages_in_a_child_engine():
     ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
