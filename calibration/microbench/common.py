@@ -61,6 +61,14 @@ class BenchContext:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
+    @property
+    def issue_threads(self) -> int:
+        """Torch's threads for the host-issue benchmarks (pass_issue, zero3_hooks). On the CPU path one:
+        their tiny layers gain nothing from more, and with two threads a busy neighbour on one core
+        threw the pass ratios 0.2-13x about (a 2-core host, 2026-12-03; one thread read as unloaded).
+        On a GPU, the threads the runs have (the GPU's kernels are issued from one thread either way)."""
+        return torch.get_num_threads() if self.is_cuda else 1
+
 
 @dataclass(frozen=True)
 class BenchItem:

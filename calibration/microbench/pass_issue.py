@@ -96,8 +96,13 @@ def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
             h = checkpoint(partial(block, cos=cos, sin=sin), h) if checkpointed else block(h, cos, sin)
         return h.float().sum()
 
-    rounds = interleaved_pass_rounds(forward, lambda loss: loss.backward(), ctx.sync)
-    return {"ran": True, "preset": preset, "layers": LAYERS, "tokens": TOKENS,
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ctx.issue_threads)
+    try:
+        rounds = interleaved_pass_rounds(forward, lambda loss: loss.backward(), ctx.sync)
+    finally:
+        torch.set_num_threads(threads)
+    return {"ran": True, "threads": ctx.issue_threads, "preset": preset, "layers": LAYERS, "tokens": TOKENS,
             **{f"{name}_s_per_layer": s for name, s in median_s_per_layer(rounds).items()},
             "backward_ratio": statistics.median(r[0][1] / r[0][0] for r in rounds),
             "checkpointed_forward_ratio": statistics.median(r[1][0] / r[0][0] for r in rounds),

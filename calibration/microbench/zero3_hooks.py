@@ -139,7 +139,7 @@ def bench_zero3_hooks(ctx: BenchContext, preset: str) -> dict:
     if ctx.local_rank != 0:
         return {"ran": False}
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": str(ctx.issue_threads)}
     if ctx.is_cuda:
         env["CUDA_VISIBLE_DEVICES"] = str(ctx.device.index or 0)
     child = subprocess.run([sys.executable, "-m", "calibration.microbench.zero3_hooks", preset], env=env,

@@ -21,8 +21,10 @@ from models.profile import parse_profile
 
 def test_the_cpu_path_times_each_pass_of_harness_blocks():
     ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
+    threads = torch.get_num_threads()
     row = bench_pass_issue(ctx, "qwen2.5-0.5b")
     assert row["ran"] and row["layers"] > 1
+    assert row["threads"] == 1 and torch.get_num_threads() == threads  # one thread on the CPU path, then back
     for key in ("forward", "backward", "checkpointed_forward", "checkpointed_backward"):
         assert row[f"{key}_s_per_layer"] > 0
     # a checkpointed layer's backward runs its forward again first
