@@ -131,35 +131,40 @@ def torch_own_linear():
         torch.nn.functional.linear = patched
 
 
+ISSUE_PROBE_ROUNDS = 5
+
+
 def issue_us_per_layer(device, sync) -> float:
-    """Host microseconds to issue one tiny linear layer's forward and backward (median of 5 rounds).
+    """Host microseconds to issue one tiny linear layer's forward and backward (median of
+    ISSUE_PROBE_ROUNDS rounds).
 
     The layers are tiny, so the GPU waits on the host throughout: this is Python dispatch, autograd
     and kernel launch, the work that bounds small or short-context steps and ZeRO-3's hooks. The
     layers run torch's own linear whatever a library put in its place (`torch_own_linear`)."""
+    return statistics.median(issue_rounds_us_per_layer(device, sync, ISSUE_PROBE_ROUNDS))
+
+
+def issue_rounds_us_per_layer(device, sync, rounds: int) -> list[float]:
+    """Each round's issue time a layer, in order: how a probe's rounds scatter (scripts/probe_drift.py)."""
     with torch_own_linear():
-        return _issue_us_per_layer(device, sync)
+        width = ISSUE_PROBE_WIDTH
+        net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(ISSUE_PROBE_LAYERS)]).to(device)
+        x = torch.randn(8, width, device=device)
 
+        def once():
+            net(x).sum().backward()
 
-def _issue_us_per_layer(device, sync) -> float:
-    width = ISSUE_PROBE_WIDTH
-    net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(ISSUE_PROBE_LAYERS)]).to(device)
-    x = torch.randn(8, width, device=device)
-
-    def once():
-        net(x).sum().backward()
-
-    for _ in range(3):
-        once()
-    sync()
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(ISSUE_PROBE_REPEATS):
+        for _ in range(3):
             once()
-        rounds.append(time.perf_counter() - t0)  # the host's issue time: nothing waits for the GPU here
         sync()
-    return statistics.median(rounds) / (ISSUE_PROBE_REPEATS * ISSUE_PROBE_LAYERS) * 1e6
+        times_s = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(ISSUE_PROBE_REPEATS):
+                once()
+            times_s.append(time.perf_counter() - t0)  # the host's issue time: nothing waits for the GPU here
+            sync()
+    return [t / (ISSUE_PROBE_REPEATS * ISSUE_PROBE_LAYERS) * 1e6 for t in times_s]
 
 
 def bench_host_issue(ctx: BenchContext) -> dict:

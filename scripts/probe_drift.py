@@ -1,0 +1,242 @@
+"""Is the host probe's spread its own noise or the host drifting, and over what time?
+
+    python scripts/probe_drift.py --model qwen2.5-1.5b --seq 1024 --zero-stage 3 --checkpoint-every 1 \
+        --seconds 150 --out drift.jsonl
+
+Why: the two probes that bracket a run's window differ by 0.16 in log (sd over 223 shipped runs),
+the runs of one lease by 0.12, and a host-bound step follows them at about three quarters of the
+slope. Two probes a window apart cannot tell the probe's own noise from the host's drift; a probe
+taken again and again beside the steps it stands for can. In one process (one case a process, as
+every run), for `--seconds`, this alternates a probe as the harness takes it (its ISSUE_PROBE_ROUNDS
+rounds, each kept) with `--steps` host-bound steps of a real DeepSpeed engine built as the harness
+builds it; each block is appended to `--out` as it finishes, with each step's wall and main-thread
+CPU seconds and the CPU time the hypervisor stole. `--summary FILE` prints what the blocks say
+(`drift_summary`): each series' spread, the part of it that changes from one block to the next
+(noise) and the part that persists (drift), and how the steps follow the probe smoothed over
+1 to 30 blocks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SMOOTHING_BLOCKS = (1, 3, 10, 30)
+
+
+@dataclass(frozen=True)
+class SeriesSpread:
+    """One log series over the blocks: its sd, the part that changes block to block and what persists."""
+
+    name: str
+    blocks: int
+    median: float
+    sd_log: float
+    noise_sd_log: float  # sd of consecutive differences / sqrt 2: what does not persist one block
+    drift_sd_log: float  # sqrt(sd^2 - noise^2), 0 where noise explains it all
+    lag1_autocorrelation: float
+
+
+@dataclass(frozen=True)
+class Following:
+    """The step's log against the probe's, both smoothed over `blocks` consecutive blocks."""
+
+    blocks: int
+    slope: float
+    correlation: float
+
+
+def spread(name: str, values: list[float]) -> SeriesSpread:
+    logs = [math.log(v) for v in values]
+    n = len(logs)
+    if n < 3:
+        raise ValueError(f"{name}: {n} blocks, need 3 or more")
+    mean = statistics.fmean(logs)
+    sd = statistics.pstdev(logs)
+    diffs = [b - a for a, b in zip(logs, logs[1:])]
+    noise = math.sqrt(statistics.fmean(d * d for d in diffs) / 2)
+    centred = [x - mean for x in logs]
+    denominator = sum(c * c for c in centred)
+    lag1 = sum(a * b for a, b in zip(centred, centred[1:])) / denominator if denominator else 0.0
+    return SeriesSpread(name, n, statistics.median(values), sd, noise, math.sqrt(max(sd * sd - noise * noise, 0.0)), lag1)
+
+
+def _smoothed(logs: list[float], blocks: int) -> list[float]:
+    """Means of consecutive, non-overlapping runs of `blocks` (a trailing part run is dropped)."""
+    return [statistics.fmean(logs[i:i + blocks]) for i in range(0, len(logs) - blocks + 1, blocks)]
+
+
+def following(probe_us: list[float], step_s: list[float], blocks: int) -> Following | None:
+    """Least-squares slope and correlation of the smoothed log step on the smoothed log probe; None
+    where fewer than 4 smoothed points are left or either does not vary."""
+    x = _smoothed([math.log(v) for v in probe_us], blocks)
+    y = _smoothed([math.log(v) for v in step_s], blocks)
+    if len(x) < 4:
+        return None
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    if sxx == 0 or syy == 0:
+        return None
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    return Following(blocks, sxy / sxx, sxy / math.sqrt(sxx * syy))
+
+
+def drift_summary(rows: list[dict]) -> dict:
+    """What a probe-drift file says (see the module's docstring)."""
+    probe = [statistics.median(r["probe_rounds_us"]) for r in rows]
+    first_round = [r["probe_rounds_us"][0] for r in rows]
+    step = [statistics.median(r["step_s"]) for r in rows]
+    cpu = [statistics.median(r["step_thread_cpu_s"]) for r in rows]
+    steal = [r["steal_cpu_s"] for r in rows if r.get("steal_cpu_s") is not None]
+    within = [statistics.pstdev([math.log(v) for v in r["probe_rounds_us"]]) for r in rows if len(r["probe_rounds_us"]) > 1]
+    span_s = rows[-1]["t_s"] - rows[0]["t_s"] if rows else 0.0
+    return {
+        "blocks": len(rows),
+        "span_s": span_s,
+        "series": [asdict(spread(n, v)) for n, v in (("probe (median of its rounds), us a layer", probe),
+                                                     ("probe's first round alone, us a layer", first_round),
+                                                     ("step wall, s", step), ("step main-thread CPU, s", cpu))],
+        "probe_rounds_sd_log_within_a_probe": statistics.fmean(within) if within else None,
+        "steal_cpu_s_per_block": statistics.fmean(steal) if steal else None,
+        "step_follows_probe": [asdict(f) for b in SMOOTHING_BLOCKS if (f := following(probe, step, b))],
+    }
+
+
+def print_summary(summary: dict) -> None:
+    print(f"{summary['blocks']} blocks over {summary['span_s']:.0f} s; probe rounds' sd within one probe "
+          f"{summary['probe_rounds_sd_log_within_a_probe']:.3f} (log); steal "
+          f"{summary['steal_cpu_s_per_block'] if summary['steal_cpu_s_per_block'] is not None else 'not read'} CPU s a block")
+    print(f"{'series':45s} {'median':>9s} {'sd':>6s} {'noise':>6s} {'drift':>6s} {'lag-1':>6s}")
+    for s in summary["series"]:
+        print(f"{s['name']:45s} {s['median']:9.4g} {s['sd_log']:6.3f} {s['noise_sd_log']:6.3f} "
+              f"{s['drift_sd_log']:6.3f} {s['lag1_autocorrelation']:6.2f}")
+    print(f"{'step on probe, smoothed over blocks':45s} {'slope':>9s} {'corr':>6s}")
+    for f in summary["step_follows_probe"]:
+        print(f"{f['blocks']:45d} {f['slope']:9.2f} {f['correlation']:6.2f}")
+
+
+def _engine(args, device):
+    """A DeepSpeed engine and batch built as the harness builds them (calibration/harness/train.py)."""
+    import deepspeed
+    import torch
+
+    from calibration.harness.data import make_batch
+    from calibration.harness.model import Checkpointing, Transformer
+    from calibration.harness.train import _dtype, prepare_config
+    from models.architecture import load_architecture
+    from models.ds_config import to_ds_config
+    from models.strategy import Strategy
+    from models.workload import Workload
+
+    arch = load_architecture(args.model)
+    strategy = Strategy(zero_stage=args.zero_stage, checkpoint_every=args.checkpoint_every)
+    cfg, _ = prepare_config(to_ds_config(strategy, arch), device.type)
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    checkpointing = Checkpointing()
+    if args.checkpoint_every:
+        deepspeed.checkpointing.configure(None, deepspeed_config=cfg)
+        checkpointing = Checkpointing(args.checkpoint_every, deepspeed.checkpointing.checkpoint)
+    dtype = _dtype(cfg)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        if args.zero_stage == 3:
+            with deepspeed.zero.Init(config_dict_or_path=cfg):
+                model = Transformer(arch, None, checkpointing)
+        else:
+            with device:
+                model = Transformer(arch, None, checkpointing)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=cfg)
+    batch = make_batch(Workload(arch, args.seq), 1, 1, 0, 0, device, dtype)
+    return engine, batch
+
+
+def run(args) -> int:
+    import torch
+
+    from calibration.harness.host_noise import steal_cpu_s
+    from calibration.microbench.cpu import ISSUE_PROBE_ROUNDS, issue_rounds_us_per_layer
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "29531")):
+        os.environ.setdefault(key, value)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    engine, batch = _engine(args, device)
+
+    def step():
+        loss = engine(**batch.as_kwargs())
+        engine.backward(loss)
+        engine.step()
+        sync()
+
+    for _ in range(args.warmup):
+        step()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    case = {"model": args.model, "seq": args.seq, "zero_stage": args.zero_stage, "checkpoint_every": args.checkpoint_every,
+            "threads": torch.get_num_threads(), "device": torch.cuda.get_device_name(0) if cuda else "cpu"}
+    start = time.perf_counter()
+    blocks = 0
+    while time.perf_counter() - start < args.seconds:
+        t_s = time.perf_counter() - start
+        steal_before = steal_cpu_s()
+        rounds = issue_rounds_us_per_layer(device, sync, ISSUE_PROBE_ROUNDS)
+        walls, cpus = [], []
+        for _ in range(args.steps):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            step()
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.thread_time() - c0)
+        steal_after = steal_cpu_s()
+        row = {**case, "block": blocks, "t_s": round(t_s, 3), "unix_s": round(time.time(), 2), "probe_rounds_us": rounds, "step_s": walls,
+               "step_thread_cpu_s": cpus,
+               "steal_cpu_s": None if steal_before is None or steal_after is None else steal_after - steal_before}
+        with out.open("a") as f:  # a block at a time: an interrupted case keeps what it measured
+            f.write(json.dumps(row) + "\n")
+        blocks += 1
+    print(f"{blocks} blocks written to {out}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen2.5-1.5b")
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--zero-stage", type=int, default=3, choices=(0, 1, 2, 3))
+    p.add_argument("--checkpoint-every", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2, help="steps between two probes")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=150)
+    p.add_argument("--out", help="append the blocks here (JSON lines)")
+    p.add_argument("--summary", metavar="FILE", help="print what a drift file says, and exit")
+    p.add_argument("--json", action="store_true", help="with --summary: the summary as JSON")
+    args = p.parse_args(argv)
+    if args.summary:
+        try:
+            rows = [json.loads(line) for line in Path(args.summary).read_text().splitlines() if line.strip()]
+            summary = drift_summary(rows)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"probe_drift: {args.summary}: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(summary, indent=1)) if args.json else print_summary(summary)
+        return 0
+    if not args.out:
+        p.error("--out is needed to measure (or --summary FILE to read one)")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""scripts/probe_drift.py: what its summary reads from a drift file, and a short real case on the CPU
+path (gloo, a tiny model, one thread)."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "probe_drift.py"
+sys.path.insert(0, str(REPO / "scripts"))
+
+from probe_drift import drift_summary, following, spread  # noqa: E402
+
+
+def test_white_noise_is_noise_and_a_slow_walk_is_drift():
+    rng = random.Random(1)
+    white = [math.exp(rng.gauss(0, 0.1)) for _ in range(400)]
+    s = spread("white", white)
+    assert s.noise_sd_log == pytest.approx(0.1, rel=0.15)
+    assert s.drift_sd_log < 0.05
+    assert abs(s.lag1_autocorrelation) < 0.15
+    walk = [math.exp(math.sin(i / 40)) for i in range(400)]  # moves slowly: little changes block to block
+    s = spread("walk", walk)
+    assert s.noise_sd_log < 0.05
+    assert s.drift_sd_log > 0.5
+    assert s.lag1_autocorrelation > 0.9
+    with pytest.raises(ValueError):
+        spread("short", [1.0, 2.0])
+
+
+def test_a_step_that_follows_the_host_shows_once_the_probe_noise_is_smoothed():
+    rng = random.Random(2)
+    host = [0.2 * math.sin(i / 15) for i in range(300)]  # the host's drift, in log
+    probe = [100 * math.exp(h + rng.gauss(0, 0.15)) for h in host]  # a noisy reading of it
+    step = [0.5 * math.exp(0.8 * h + rng.gauss(0, 0.01)) for h in host]  # a step that is 80% the host's
+    raw, smooth = following(probe, step, 1), following(probe, step, 10)
+    assert raw.correlation < smooth.correlation
+    assert smooth.slope == pytest.approx(0.8, abs=0.15)
+    assert raw.slope < 0.6  # a noisy probe dilutes the slope: what two probes a window apart suffer
+    assert following(probe[:20], step[:20], 10) is None  # too few smoothed points
+
+
+def test_a_short_case_runs_on_the_cpu_and_its_file_reads(tmp_path):
+    out = tmp_path / "drift.jsonl"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny-cpu", "--seq", "32", "--zero-stage", "3",
+                           "--seconds", "2", "--warmup", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": "29547"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) >= 3
+    assert rows[0]["threads"] == 1 and rows[0]["zero_stage"] == 3 and rows[0]["device"] == "cpu"
+    assert all(len(r["probe_rounds_us"]) == 5 and len(r["step_s"]) == 2 for r in rows)
+    assert all(0 < c <= w * 1.5 for r in rows for c, w in zip(r["step_thread_cpu_s"], r["step_s"]))
+    summary = drift_summary(rows)
+    assert summary["blocks"] == len(rows)
+    shown = subprocess.run([sys.executable, str(SCRIPT), "--summary", str(out), "--json"], capture_output=True,
+                           text=True, timeout=60, cwd=REPO)
+    assert json.loads(shown.stdout)["blocks"] == len(rows)
+
+
+def test_a_bad_file_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"probe_rounds_us": [1.0]}\n')
+    done = subprocess.run([sys.executable, str(SCRIPT), "--summary", str(bad)], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "probe_drift:" in done.stderr
+    missing = subprocess.run([sys.executable, str(SCRIPT), "--summary", str(tmp_path / "none.jsonl")],
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
