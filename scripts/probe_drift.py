@@ -10,10 +10,13 @@ taken again and again beside the steps it stands for can. In one process (one ca
 every run), for `--seconds`, this alternates a probe as the harness takes it (its ISSUE_PROBE_ROUNDS
 rounds, each kept) with `--steps` host-bound steps of a real DeepSpeed engine built as the harness
 builds it; each block is appended to `--out` as it finishes, with each step's wall and main-thread
-CPU seconds and the CPU time the hypervisor stole. `--summary FILE` prints what the blocks say
-(`drift_summary`): each series' spread, the part of it that changes from one block to the next
-(noise) and the part that persists (drift), and how the steps follow the probe smoothed over
-1 to 30 blocks.
+CPU seconds and the CPU time the hypervisor stole. `--meter` runs a side meter beside it: a second process timing a
+fixed pure-Python chunk, binned every 0.1 s, which shares neither the step's interpreter nor its GPU.
+`--summary FILE` prints what the blocks say (`drift_summary`): each series' spread, the part of it
+that changes from one block to the next (noise) and the part that persists (drift), how the steps
+follow the probe smoothed over 1 to 30 blocks, and how a window of about 10 s is read from the probes
+right before and after it (as the harness takes them), from the probes within it, and from the side
+meter within it.
 """
 from __future__ import annotations
 
@@ -30,6 +33,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SMOOTHING_BLOCKS = (1, 3, 10, 30)
+WINDOW_S = 10.0  # about a harness window of a host-bound step (its --min-window-s and warm-up)
+METER_BIN_S = 0.1
+METER_CHUNK = 20_000  # iterations of pure Python a chunk: about 1 ms on a lent H200 host
+
+
+def host_meter(path: str, stop) -> None:
+    """A second process's pure-Python speed, binned every METER_BIN_S until `stop` is set: whether
+    the host's speed can be read beside a window without touching the step (no shared interpreter,
+    no GPU)."""
+    with open(path, "a") as f:
+        while not stop.is_set():
+            bin_start, chunks, busy_s = time.time(), 0, 0.0
+            while time.time() - bin_start < METER_BIN_S:
+                t0 = time.perf_counter()
+                total = 0
+                for i in range(METER_CHUNK):
+                    total += i
+                busy_s += time.perf_counter() - t0
+                chunks += 1
+            f.write(json.dumps({"unix_s": round(bin_start, 3), "us_per_chunk": busy_s / chunks * 1e6}) + "\n")
+            f.flush()
 
 
 @dataclass(frozen=True)
@@ -90,8 +114,55 @@ def following(probe_us: list[float], step_s: list[float], blocks: int) -> Follow
     return Following(blocks, sxy / sxx, sxy / math.sqrt(sxx * syy))
 
 
-def drift_summary(rows: list[dict]) -> dict:
-    """What a probe-drift file says (see the module's docstring)."""
+def meter_per_block(rows: list[dict], meter: list[dict]) -> list[float | None]:
+    """The side meter's mean chunk time over each block's steps; None where no bin falls within them."""
+    out = []
+    for r in rows:
+        start, end = r["steps_unix_s"]
+        inside = [m["us_per_chunk"] for m in meter if start <= m["unix_s"] + METER_BIN_S / 2 <= end]
+        out.append(statistics.fmean(inside) if inside else None)
+    return out
+
+
+def _fit(x: list[float], y: list[float]) -> dict:
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    slope = sxy / sxx if sxx else 0.0
+    resid = [b - my - slope * (a - mx) for a, b in zip(x, y)]
+    return {"slope": slope, "correlation": sxy / math.sqrt(sxx * syy) if sxx and syy else 0.0,
+            "residual_sd_log": statistics.pstdev(resid)}
+
+
+def window_reading(rows: list[dict], meter_us: list[float | None] | None = None) -> dict | None:
+    """A window of about WINDOW_S of consecutive blocks, slid over the case: how well its mean step is
+    read from the probes right before and after it (as the harness takes them), from the probes taken
+    within it (which a real window cannot hold), and from the side meter within it."""
+    if len(rows) < 3:
+        return None
+    block_s = (rows[-1]["t_s"] - rows[0]["t_s"]) / (len(rows) - 1)
+    w = max(2, round(WINDOW_S / block_s)) if block_s > 0 else 2
+    probe = [math.log(statistics.median(r["probe_rounds_us"])) for r in rows]
+    y, bracket, within, metered = [], [], [], []
+    for s in range(1, len(rows) - w):
+        y.append(math.log(statistics.fmean(x for r in rows[s:s + w] for x in r["step_s"])))
+        bracket.append((probe[s - 1] + probe[s + w]) / 2)
+        within.append(statistics.fmean(probe[s:s + w]))
+        m = [v for v in (meter_us or [])[s:s + w] if v is not None]
+        metered.append(math.log(statistics.fmean(m)) if m else None)
+    if len(y) < 4:
+        return None
+    out = {"window_blocks": w, "windows": len(y), "window_sd_log": statistics.pstdev(y),
+           "bracketing_probes": _fit(bracket, y), "probes_within": _fit(within, y)}
+    kept = [(m, v) for m, v in zip(metered, y) if m is not None]
+    if len(kept) >= 4:
+        out["side_meter_within"] = _fit([m for m, _ in kept], [v for _, v in kept])
+    return out
+
+
+def drift_summary(rows: list[dict], meter: list[dict] | None = None) -> dict:
+    """What a probe-drift file says (see the module's docstring); `meter`: its side meter's bins."""
     probe = [statistics.median(r["probe_rounds_us"]) for r in rows]
     first_round = [r["probe_rounds_us"][0] for r in rows]
     step = [statistics.median(r["step_s"]) for r in rows]
@@ -108,6 +179,7 @@ def drift_summary(rows: list[dict]) -> dict:
         "probe_rounds_sd_log_within_a_probe": statistics.fmean(within) if within else None,
         "steal_cpu_s_per_block": statistics.fmean(steal) if steal else None,
         "step_follows_probe": [asdict(f) for b in SMOOTHING_BLOCKS if (f := following(probe, step, b))],
+        "window": window_reading(rows, meter_per_block(rows, meter) if meter else None),
     }
 
 
@@ -122,6 +194,16 @@ def print_summary(summary: dict) -> None:
     print(f"{'step on probe, smoothed over blocks':45s} {'slope':>9s} {'corr':>6s}")
     for f in summary["step_follows_probe"]:
         print(f"{f['blocks']:45d} {f['slope']:9.2f} {f['correlation']:6.2f}")
+    window = summary["window"]
+    if window:
+        print(f"a window of {window['window_blocks']} blocks ({window['windows']} slid over the case; its mean step's sd "
+              f"{window['window_sd_log']:.3f} in log), read from:")
+        for key, name in (("bracketing_probes", "the probes right before and after it"),
+                          ("probes_within", "the probes within it"), ("side_meter_within", "the side meter within it")):
+            if key in window:
+                r = window[key]
+                print(f"  {name:43s} slope {r['slope']:5.2f} corr {r['correlation']:5.2f} "
+                      f"residual sd {r['residual_sd_log']:.3f}")
 
 
 def _engine(args, device):
@@ -188,13 +270,21 @@ def run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     case = {"model": args.model, "seq": args.seq, "zero_stage": args.zero_stage, "checkpoint_every": args.checkpoint_every,
             "threads": torch.get_num_threads(), "device": torch.cuda.get_device_name(0) if cuda else "cpu"}
+    meter = None
+    if args.meter:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        stop_meter = context.Event()
+        meter = context.Process(target=host_meter, args=(str(meter_path(out)), stop_meter), daemon=True)
+        meter.start()
     start = time.perf_counter()
     blocks = 0
     while time.perf_counter() - start < args.seconds:
         t_s = time.perf_counter() - start
         steal_before = steal_cpu_s()
         rounds = issue_rounds_us_per_layer(device, sync, ISSUE_PROBE_ROUNDS)
-        walls, cpus = [], []
+        walls, cpus, steps_start = [], [], time.time()
         for _ in range(args.steps):
             w0, c0 = time.perf_counter(), time.thread_time()
             step()
@@ -203,12 +293,20 @@ def run(args) -> int:
         steal_after = steal_cpu_s()
         row = {**case, "block": blocks, "t_s": round(t_s, 3), "unix_s": round(time.time(), 2), "probe_rounds_us": rounds, "step_s": walls,
                "step_thread_cpu_s": cpus,
+               "steps_unix_s": [round(steps_start, 3), round(time.time(), 3)],
                "steal_cpu_s": None if steal_before is None or steal_after is None else steal_after - steal_before}
         with out.open("a") as f:  # a block at a time: an interrupted case keeps what it measured
             f.write(json.dumps(row) + "\n")
         blocks += 1
+    if meter is not None:
+        stop_meter.set()
+        meter.join(timeout=10)
     print(f"{blocks} blocks written to {out}")
     return 0
+
+
+def meter_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".meter.jsonl")
 
 
 def main(argv=None) -> int:
@@ -221,13 +319,18 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seconds", type=float, default=150)
     p.add_argument("--out", help="append the blocks here (JSON lines)")
+    p.add_argument("--meter", action="store_true",
+                   help="also run the side meter (another process's pure-Python speed) into OUT's .meter.jsonl")
     p.add_argument("--summary", metavar="FILE", help="print what a drift file says, and exit")
     p.add_argument("--json", action="store_true", help="with --summary: the summary as JSON")
     args = p.parse_args(argv)
     if args.summary:
         try:
-            rows = [json.loads(line) for line in Path(args.summary).read_text().splitlines() if line.strip()]
-            summary = drift_summary(rows)
+            path = Path(args.summary)
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            bins = meter_path(path)
+            meter = [json.loads(line) for line in bins.read_text().splitlines() if line.strip()] if bins.exists() else None
+            summary = drift_summary(rows, meter)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"probe_drift: {args.summary}: {exc}", file=sys.stderr)
             return 2

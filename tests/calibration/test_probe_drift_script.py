@@ -46,10 +46,23 @@ def test_a_step_that_follows_the_host_shows_once_the_probe_noise_is_smoothed():
     assert following(probe[:20], step[:20], 10) is None  # too few smoothed points
 
 
+def test_a_window_is_read_from_the_probes_within_it_when_the_host_moves_between_windows():
+    rng = random.Random(3)
+    host = [0.1 * math.sin(i / 4) for i in range(200)]  # a host that changes within a few blocks
+    rows = [{"t_s": i * 1.0, "probe_rounds_us": [150 * math.exp(h + rng.gauss(0, 0.02)) for _ in range(5)],
+             "step_s": [0.5 * math.exp(h)] * 2, "step_thread_cpu_s": [0.2 * math.exp(h)] * 2}
+            for i, h in enumerate(host)]
+    window = drift_summary(rows)["window"]
+    assert window["window_blocks"] == 10
+    assert window["probes_within"]["correlation"] > 0.95
+    assert window["bracketing_probes"]["correlation"] < window["probes_within"]["correlation"] - 0.2
+    assert "side_meter_within" not in window  # no meter given
+
+
 def test_a_short_case_runs_on_the_cpu_and_its_file_reads(tmp_path):
     out = tmp_path / "drift.jsonl"
     done = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny-cpu", "--seq", "32", "--zero-stage", "3",
-                           "--seconds", "2", "--warmup", "1", "--out", str(out)],
+                           "--seconds", "2", "--warmup", "1", "--meter", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": "29547"})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -58,7 +71,10 @@ def test_a_short_case_runs_on_the_cpu_and_its_file_reads(tmp_path):
     assert rows[0]["threads"] == 1 and rows[0]["zero_stage"] == 3 and rows[0]["device"] == "cpu"
     assert all(len(r["probe_rounds_us"]) == 5 and len(r["step_s"]) == 2 for r in rows)
     assert all(0 < c <= w * 1.5 for r in rows for c, w in zip(r["step_thread_cpu_s"], r["step_s"]))
-    summary = drift_summary(rows)
+    assert all(r["steps_unix_s"][0] < r["steps_unix_s"][1] for r in rows)
+    bins = [json.loads(line) for line in (tmp_path / "drift.meter.jsonl").read_text().splitlines()]
+    assert len(bins) >= 5 and all(b["us_per_chunk"] > 0 for b in bins)  # the side meter ran beside the steps
+    summary = drift_summary(rows, bins)
     assert summary["blocks"] == len(rows)
     shown = subprocess.run([sys.executable, str(SCRIPT), "--summary", str(out), "--json"], capture_output=True,
                            text=True, timeout=60, cwd=REPO)
