@@ -48,7 +48,8 @@ def test_a_step_that_follows_the_host_shows_once_the_probe_noise_is_smoothed():
 
 def test_a_window_is_read_from_the_probes_within_it_when_the_host_moves_between_windows():
     rng = random.Random(3)
-    host = [0.1 * math.sin(i / 4) for i in range(200)]  # a host that changes within a few blocks
+    levels = [rng.gauss(0, 0.1) for _ in range(50)]
+    host = [levels[i // 4] for i in range(200)]  # a host that holds its speed for 4 blocks, then jumps
     rows = [{"t_s": i * 1.0, "probe_rounds_us": [150 * math.exp(h + rng.gauss(0, 0.02)) for _ in range(5)],
              "step_s": [0.5 * math.exp(h)] * 2, "step_thread_cpu_s": [0.2 * math.exp(h)] * 2}
             for i, h in enumerate(host)]
