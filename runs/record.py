@@ -26,11 +26,32 @@ MEMORY_TRACE_ADJUSTMENT = ("GPU allocations recorded (ADVISOR_MEMORY_TRACE): ste
 LEGACY_LOSS_DTYPE = "bf16"
 
 
-def relative_sem(step_times_s: list[float]) -> float:
-    """The relative standard error of the mean of these step times; 0 below two steps (nothing to tell)."""
-    if len(step_times_s) < 2:
-        return 0.0
-    return statistics.stdev(step_times_s) / statistics.fmean(step_times_s) / math.sqrt(len(step_times_s))
+# A lent host holds a fast or slow spell for about this long: host-bound steps 0.7-2 s apart correlate
+# 0.56-0.80 in log, and a window's mean varies twice as much as independent steps would say from 5 s
+# to 20 s (scripts/probe_drift.py, machines BN and BO, 2026-12-04).
+HOST_SPELL_S = 2.0
+
+
+def relative_sem(step_times_s: list[float]) -> float | None:
+    """The relative standard error of the mean of these step times, from the means of consecutive
+    batches of at least HOST_SPELL_S (a step as long is its own batch): the steps of one host spell
+    agree with each other and say nothing of the next, so counting them as independent claimed a
+    1.5-s window's mean to 1% where such windows scatter by 9-15%. None below two batches: the
+    window is too short to tell."""
+    batches, current = [], []
+    for t in step_times_s:
+        current.append(t)
+        if sum(current) >= HOST_SPELL_S:
+            batches.append(current)
+            current = []
+    if current and batches:
+        batches[-1].extend(current)  # a short tail joins the last batch rather than stand alone
+    if len(batches) < 2:
+        return None
+    means = [statistics.fmean(b) for b in batches]
+    weights = [len(b) for b in batches]
+    mean = sum(m * w for m, w in zip(means, weights)) / sum(weights)
+    return statistics.stdev(means) / mean / math.sqrt(len(means))
 
 
 def geometric_mean(values: list[float]) -> float | None:

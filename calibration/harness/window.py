@@ -7,6 +7,10 @@ step time is known to `precision` (its relative standard error), at most `max_st
 Why a precision: a host-bound step on a shared host varies by 10-20% from step to step (one lent
 H200 slice, 2026-12-01: 0.12-0.21 s within one 4 s window), so three steps can miss the mean by
 more than the model's error, and a measured pick between two close candidates would be a coin toss.
+Why 20 s at least: the host holds a fast or slow spell for a second or two, so a short window's
+steps agree with each other and still miss; on lent H200 slices a host-bound window's mean scattered
+by 9-15% (sd in log) at 2 s, 5-9% at 10 s and 3-7% at 20 s (scripts/probe_drift.py, 2026-12-04), and
+`runs.record.relative_sem` counts host spells, not steps.
 
 Every rank calls `step_done()` after each optimizer step. The ranks agree on when the window ends
 (one all-reduce per decision, only at the step count where it may end), since every step holds
@@ -23,7 +27,7 @@ from typing import Callable
 
 from calibration.harness.host_noise import HostNoise
 from calibration.harness.shared_host_memory import SharedPeak
-from runs.record import relative_sem
+from runs.record import HOST_SPELL_S, relative_sem
 
 GIB = 2**30
 # Where a run tells a user script's `advisor.monitor.StepMeter` to write its result.
@@ -36,8 +40,8 @@ class WindowSettings:
 
     warmup: int = 2  # steps run before the window
     steps: int = 3  # measured steps, at least
-    min_window_s: float = 1.0  # NVML's energy counter updates about every 100 ms
-    max_steps: int = 50
+    min_window_s: float = 20.0  # longer than a host's spells (above); NVML's energy counter ticks every 100 ms
+    max_steps: int = 1000  # a 20 ms step fills the minimum
     precision: float = 0.02  # the mean step time's relative standard error to reach
     max_window_s: float = 30.0  # no more steps for precision after this long
 
@@ -110,12 +114,14 @@ class MeasuredWindow:
         if n < s.max_steps and elapsed < s.min_window_s:  # the warm-up step was slower than these: top up
             self.target = min(s.max_steps, n + math.ceil((s.min_window_s - elapsed) / pace))
             return False
-        spread = self.agree(relative_sem(self.step_times_s), "max") if s.precision > 0 else 0.0
+        known = relative_sem(self.step_times_s) if s.precision > 0 else 0.0
+        spread = self.agree(math.inf if known is None else known, "max")
         if n >= s.max_steps or s.precise_enough(spread) or elapsed >= s.max_window_s:
             self._end(now)
             return True
         # The standard error falls as 1/sqrt(steps): enough steps for the precision, within the caps.
-        wanted = math.ceil(n * (spread / s.precision) ** 2)
+        # Too short to tell (under two host spells): enough steps for two.
+        wanted = math.ceil(n * (spread / s.precision) ** 2) if math.isfinite(spread) else math.ceil(2 * HOST_SPELL_S / pace)
         affordable = n + max(1, math.floor((s.max_window_s - elapsed) / pace))
         self.target = max(n + 1, min(s.max_steps, wanted, affordable))
         return False

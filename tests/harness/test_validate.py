@@ -108,10 +108,12 @@ def test_compare_gives_signed_percentage_errors():
 
 def test_compare_says_how_well_the_mean_step_is_known():
     c = Candidate(model="m", seq_len=1, ds_config={}, label="x")
-    noisy = RunRecord.now(c, RunResult(status="ok", step_time_s=0.15, step_times_s=[0.1, 0.2, 0.1, 0.2]))
-    assert compare(noisy).step_time_rel_sem == pytest.approx((0.0577 / 0.15) / 2, rel=1e-2)
-    steady = RunRecord.now(c, RunResult(status="ok", step_time_s=1.0, step_times_s=[1.0, 1.0, 1.0]))
+    noisy = RunRecord.now(c, RunResult(status="ok", step_time_s=2.5, step_times_s=[2.0, 3.0, 2.0, 3.0]))
+    assert compare(noisy).step_time_rel_sem == pytest.approx((0.5774 / 2.5) / 2, rel=1e-2)
+    steady = RunRecord.now(c, RunResult(status="ok", step_time_s=1.0, step_times_s=[1.0] * 6))
     assert compare(steady).step_time_rel_sem == 0.0
+    short = RunRecord.now(c, RunResult(status="ok", step_time_s=0.15, step_times_s=[0.1, 0.2, 0.1, 0.2]))
+    assert compare(short).step_time_rel_sem is None  # within one host spell: not known
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """The measured window's stopping rule, on a fake clock: no torch, no GPU."""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from calibration.harness import window as window_module
@@ -30,8 +32,15 @@ def measure(step_times_s, settings: WindowSettings, monkeypatch) -> MeasuredWind
 
 
 def test_steady_steps_stop_at_the_minimum(monkeypatch):
+    w = measure([0.5], WindowSettings(warmup=1, steps=3, min_window_s=5.0), monkeypatch)
+    assert len(w.step_times_s) == 10
+
+
+def test_a_window_shorter_than_two_host_spells_cannot_claim_a_precision(monkeypatch):
     w = measure([0.5], WindowSettings(warmup=1, steps=3, min_window_s=1.0), monkeypatch)
-    assert len(w.step_times_s) == 3
+    assert len(w.step_times_s) == 8  # two spells of 2 s: steady steps within one say nothing of the next
+    assert relative_sem(w.step_times_s) == 0.0
+    assert relative_sem([0.5] * 3) is None
 
 
 def test_noisy_steps_run_until_the_mean_is_known_to_the_precision(monkeypatch):
@@ -62,7 +71,7 @@ def test_the_probe_before_the_window_runs_once_after_the_warmup_on_no_steps_cloc
         calls.append(clock["now"])
         clock["now"] += 5.0  # a slow probe
 
-    w = MeasuredWindow(WindowSettings(warmup=2, steps=3, min_window_s=0.0), FakeMonitor(), sync=lambda: None,
+    w = MeasuredWindow(WindowSettings(warmup=2, steps=3, min_window_s=0.0, precision=0.0), FakeMonitor(), sync=lambda: None,
                        agree=lambda value, op: value, cpu_seconds=lambda: 0.0, before_window=probe)
     for steps in range(1, 100):
         clock["now"] += 0.5
@@ -87,7 +96,14 @@ def test_precision_zero_asks_for_no_more_steps():
     assert not WindowSettings(precision=0.02).precise_enough(0.021)
 
 
-def test_relative_sem():
-    assert relative_sem([1.0]) == 0.0
-    assert relative_sem([1.0, 1.0, 1.0]) == 0.0
-    assert relative_sem([0.9, 1.1]) == pytest.approx(0.1414 / 1.0 / 2**0.5, rel=1e-3)
+def test_relative_sem_counts_host_spells_not_steps():
+    assert relative_sem([1.0]) is None  # one step: nothing to tell
+    assert relative_sem([3.0, 3.0, 3.0]) == 0.0  # each step as long as a spell is its own batch
+    assert relative_sem([2.7, 3.3]) == pytest.approx(0.4243 / 3.0 / 2**0.5, rel=1e-3)
+    # Steps that agree within each 2-s spell and differ between spells: the batches' means decide.
+    spells = [0.5] * 4 + [1.0] * 2 + [0.5] * 4 + [1.0] * 2
+    iid = statistics.stdev(spells) / statistics.fmean(spells) / len(spells) ** 0.5
+    assert relative_sem(spells) == pytest.approx(statistics.stdev([0.5, 1.0, 0.5, 1.0]) / statistics.fmean(spells) / 2,
+                                                 rel=1e-3)
+    assert relative_sem(spells) > 1.5 * iid
+    assert relative_sem([0.5] * 5) is None  # one spell and a short tail
