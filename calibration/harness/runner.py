@@ -222,6 +222,9 @@ def _collect(out_path: Path, log_path: Path, returncode: int | None, timed_out: 
     if re.search(r"exitcode\s*:\s*-9\b|Signals\.SIGKILL|signal 9", log):
         return RunResult(status="oom", reason="a rank was killed by SIGKILL (host out of memory?)")
     setup = bool(re.search(HARNESS_START_FAILURES, log))
+    if returncode == 0:  # a user's script that stopped on its own before StepMeter's window was measured
+        return RunResult(status="crash", reason="the script ended (exit code 0) before its measured window was "
+                         "complete: let it run more steps (the window lasts at least --min-window-s and two host spells)")
     return RunResult(status="crash", reason=f"exit code {returncode}; {_log_tail(log_path, 3)}", harness_error=setup)
 
 

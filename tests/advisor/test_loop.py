@@ -201,7 +201,9 @@ def test_the_loop_measures_picks_and_refits_on_the_cpu(tmp_path, cpu_env):
 
 @pytest.mark.slow
 def test_the_loop_measures_a_script_of_ones_own_through_the_step_meter(tmp_path, cpu_env):
-    script = f"{sys.executable} {REPO / 'examples/train.py'} --model {{model}} --seq {{seq}} --deepspeed_config {{ds_config}}"
+    # --steps: more than fill the window's 20 s on this CPU (the meter ends the script once measured)
+    script = (f"{sys.executable} {REPO / 'examples/train.py'} --model {{model}} --seq {{seq}} --deepspeed_config {{ds_config}}"
+              " --steps 100000")
     done = advisor("recommend", "--model", "tiny-cpu", "--seq", "256", "--global-batch", "4", "--profile", "h200",
                    "--search", "exhaustive", "--validate", "1", "--workdir", str(tmp_path / "work"), "--script",
                    script, "--json", cwd=tmp_path, env=cpu_env)

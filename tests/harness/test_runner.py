@@ -129,6 +129,9 @@ def test_failures_without_error_files_are_classified_from_the_log(tmp_path):
     log.write_text("ValueError: something else\n")
     crash = _collect(out, log, 1, False, 60)
     assert crash.status == "crash" and "something else" in crash.reason
+    log.write_text("training done\n")  # a script that ran its own steps out before the window was measured
+    short = _collect(out, log, 0, False, 60)
+    assert short.status == "crash" and "before its measured window was complete" in short.reason
 
 
 def test_a_ranks_oom_wins_over_its_peers_broken_collectives(tmp_path):
