@@ -15,6 +15,7 @@ import click
 
 from advisor.inputs import MAX_GPUS, MAX_PER_SAMPLE, parse_seq
 from calibration.harness.window import WindowSettings
+from runs.record import HOST_SPELL_S
 
 WINDOW = WindowSettings()  # the defaults of the measured window
 
@@ -163,6 +164,9 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> No
                 out.print(probed_host_line(c.label, c.at_probed_host))
         if c.memory_note:
             out.print(f"{c.label}: {c.memory_note}")
+        if c.status == "ok" and c.step_time_rel_sem is None and c.window_s is not None:
+            out.print(f"{c.label}: its window ({c.window_s:.1f} s) was shorter than two {HOST_SPELL_S:g}-s host spells: "
+                      "how well its mean step time is known is not measured.")
         if c.status == "ok" and c.step_time_rel_sem is not None and not window.precise_enough(c.step_time_rel_sem):
             out.print(f"{c.label}: its mean step time is known to +-{100 * c.step_time_rel_sem:.1f}% only (the window "
                       "ran out first; a noisy host): a smaller difference from another run is not measured.")

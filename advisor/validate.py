@@ -168,6 +168,7 @@ class Comparison:
     step_time_rel_sem: float | None = None  # how well the measured mean step is known (runs.record.relative_sem)
     at_probed_host: dict | None = None  # the prediction made again at the host the run probed (`at_probed_host`)
     gpu_alloc_retries: int | None = None  # times the allocator freed its cache and retried (runs.record.RunResult)
+    window_s: float | None = None  # the measured steps' seconds, summed; None where none were recorded
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -224,10 +225,11 @@ def compare(record: RunRecord, profile=None) -> Comparison:
 
         checked = check_host(record.result.host_probe, Strategy(**record.candidate.strategy), profile)
         host = checked.to_dict() if checked else None
-    spread = relative_sem(record.result.step_times_s) if record.result.step_times_s else None
+    steps = record.result.step_times_s
+    spread = relative_sem(steps) if steps else None
     again = at_probed_host(record, profile) if profile is not None else None
     return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors,
-                      host, spread, again, record.result.gpu_alloc_retries)
+                      host, spread, again, record.result.gpu_alloc_retries, sum(steps) if steps else None)
 
 
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,

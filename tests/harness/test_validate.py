@@ -114,6 +114,7 @@ def test_compare_says_how_well_the_mean_step_is_known():
     assert compare(steady).step_time_rel_sem == 0.0
     short = RunRecord.now(c, RunResult(status="ok", step_time_s=0.15, step_times_s=[0.1, 0.2, 0.1, 0.2]))
     assert compare(short).step_time_rel_sem is None  # within one host spell: not known
+    assert compare(short).window_s == pytest.approx(0.6) and compare(noisy).window_s == pytest.approx(10.0)
 
 
 @pytest.mark.slow
@@ -122,7 +123,7 @@ def test_validate_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
     cfg.write_text(json.dumps(ds_config(2, checkpoint=True)))
     args = ["validate", "--model", tiny_model, "--seq", "64", "--ds-config", str(cfg), "--store",
             str(tmp_path / "runs.db"), "--workdir", str(tmp_path / "work"), "--warmup", "1", "--steps", "2",
-            "--min-window-s", "0"]
+            "--min-window-s", "0", "--precision", "0"]
     result = CliRunner().invoke(main, args + ["--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -131,6 +132,7 @@ def test_validate_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
     assert run["measured"]["gpu_energy_j"] is None  # no GPU: not measured
     assert run["predicted"]["step_time_s"] > 0  # predicted before the run, with the default profile
     assert run["error_pct"]["step_time_s"] is not None
+    assert 0 < run["window_s"] < 2 and run["step_time_rel_sem"] is None  # two tiny steps: within one host spell
     with RunStore(tmp_path / "runs.db") as store:
         (stored,) = store.runs()
     assert stored.prediction["step_time_s"] == run["predicted"]["step_time_s"]
@@ -140,6 +142,10 @@ def test_validate_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
     again = CliRunner().invoke(main, args)  # already stored: nothing runs, the table says so
     assert again.exit_code == 0, again.output
     assert "1 candidate(s) not run now" in again.output
+    fresh = [a if a != str(tmp_path / "runs.db") else str(tmp_path / "fresh.db") for a in args]
+    table = CliRunner().invoke(main, [a if a != str(tmp_path / "work") else str(tmp_path / "fresh") for a in fresh])
+    assert table.exit_code == 0, table.output
+    assert "shorter than two 2-s host spells" in " ".join(table.output.split())  # rich wraps the line
 
 
 def test_validate_needs_exactly_one_source(tmp_path):
