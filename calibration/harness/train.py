@@ -108,7 +108,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     import torch
     from deepspeed import comm as dist
 
-    from calibration.harness import host_probe, memory_cap, memory_trace, phase_trace, step_profile
+    from calibration.harness import host_probe, memory_cap, memory_trace, phase_trace, step_profile, zero3_trace
     from calibration.harness.data import make_batch
     from calibration.harness.measure import energy_monitor, machine_info, process_tree_cpu_s
     from calibration.harness.window import MeasuredWindow, torch_agree
@@ -187,6 +187,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=cfg, mpu=mpu
     )
     timeline.mark("initialized")
+    coordinator = zero3_trace.Zero3TraceWatch(engine)
     micro_batch, grad_accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     batch = make_batch(workload, micro_batch, sp, sp_rank, dp_rank, device, dtype)
     # Peaks below are of training (warm-up and measured steps), not of start-up transients.
@@ -222,6 +223,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
 
     def probe_before_window():
         issue_at_window.append(host_probe.reprobe_issue(device, sync))
+        coordinator.start()
 
     window = MeasuredWindow(settings, monitor, sync, torch_agree(device), process_tree_cpu_s,
                             before_window=probe_before_window)
@@ -232,6 +234,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
             timeline.mark("warmed_up")
         if window.step_done():
             break
+    coordinator_counts = coordinator.stop()
     timeline.mark("measured")
     # Host peaks before the trace's summary is written: replaying the snapshot holds host memory too.
     host_peak, shared_peak = host_memory.read(), shared_host.stop()
@@ -281,6 +284,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
             "optimizer": optimizer_names[0],  # FusedAdam, DeepSpeedCPUAdam, AdamW (torch_adam)
             "engine_optimizer": optimizer_names[1],  # the ZeRO stage's wrapper
             "vision_groups_rank0": batch.vision_groups,
+            # ZeRO-3's parameter coordinator over the window, rank 0 (zero3_trace); None for other stages
+            "zero3_coordinator": coordinator_counts.per_step(fields["measured_steps"]) if coordinator_counts else None,
         },
         machine={
             **machine_info(device_kind),

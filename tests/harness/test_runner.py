@@ -47,12 +47,17 @@ def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setenv("ADVISOR_STEP_PROFILE", "1")
     monkeypatch.setenv("ADVISOR_PHASE_TRACE", "1")
     stage = 3
-    c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(stage), strategy={"cpu_threads_per_rank": 1})
+    # No parameter is kept whole for being small (the tiny layers all are): ZeRO-3 gathers each module's.
+    c = Candidate(model=tiny_model, seq_len=64, ds_config=ds_config(stage, stage3_param_persistence_threshold=0),
+                  strategy={"cpu_threads_per_rank": 1})
     result = run_candidate(c, tmp_path, QUICK)
     check_measured(result, steps=2, world=1)
     assert result.cpu_threads_per_rank == 1  # the candidate's thread count is what the rank ran with
     assert (tmp_path / c.key() / "result.json").exists()
     assert result.layout["zero_stage"] == stage and result.layout["optimizer"] == "AdamW"  # torch_adam on CPU
+    coordinator = result.layout["zero3_coordinator"]  # what ZeRO-3 gathered over the window, a step
+    assert coordinator["gathers_per_step"] > 0 and coordinator["gathered_params_per_step"] >= coordinator["gathers_per_step"]
+    assert coordinator["invalidations"] == 0 and coordinator["complete_at_end"]  # one module order, step after step
     profile = json.loads((tmp_path / c.key() / "step_profile.json").read_text())
     assert any("stage3.py" in r["function"] and r["function"].endswith(" step") for r in profile["deepspeed_functions"])
     trace = json.loads((tmp_path / c.key() / "phase_trace.json").read_text())
