@@ -29,7 +29,7 @@ from advisor.inputs import (
     parse_sequences,
     writable_path,
 )
-from advisor.rounds import DEFAULT_ROUNDS, DEFAULT_TIE_MARGIN
+from advisor.rounds import DEFAULT_ROUNDS
 from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE
 
 DEFAULT_TOKENS = "1B"
@@ -254,8 +254,9 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
                    f"rounds run them again, interleaved, and each is judged on the mean of its rounds (default "
                    f"{DEFAULT_ROUNDS}; 1: one run each).")
 @click.option("--tie-margin", "tie_margin_text", default=None,
-              help=f"With --validate: a candidate measured within this of the pick's figure runs again (default "
-                   f"{DEFAULT_TIE_MARGIN:.0%}).")
+              help="With --validate: a candidate measured within this of the pick's figure runs again (default: "
+                   "how far one run each of two equal candidates comes apart on one host, 12% for two GPU-bound "
+                   "steps, 28% for two host-bound ones).")
 @click.option("--retry", multiple=True, type=click.Choice(["oom", "crash", "timeout"]),
               help="With --validate: run again the candidates stored with this status (say, a crash since fixed).")
 def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype,
@@ -299,7 +300,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     counts = gpu_range.counts(per_node) if not gpu_range.fixed else [gpu_range.low]
     counts, dropped = counts_within_run(counts, lambda gpus: widest_sp(arch, gpus, per_node), workload.seq_len,
                                         tokens)
-    tie_margin = DEFAULT_TIE_MARGIN if tie_margin_text is None else parse_fraction(tie_margin_text, "--tie-margin")
+    tie_margin = None if tie_margin_text is None else parse_fraction(tie_margin_text, "--tie-margin")
     loop = None if validate_k is None else LoopSettings(
         k=validate_k, workdir=workdir, store=store_path, jsonl=None, budget_s=budget_s, script=script, refit=refit,
         plan_only=plan_only, rounds=rounds or DEFAULT_ROUNDS, tie_margin=tie_margin, retry=tuple(retry))

@@ -14,7 +14,8 @@ model's error. So `recommend --validate K` runs up to K of them for a few steps 
 Each is predicted first and stored as it finishes (`advisor.validate`, `runs.store`); a rerun of
 the same command runs only what is not stored. The measured least-energy strategy (or fastest, or
 least energy-delay product) within the slowdown limit of the fastest measured becomes the pick.
-Those a first round cannot rank (within the tie margin of the pick: `advisor.rounds`) run again in
+Those a first round cannot rank (within the tie margin of the pick, by default how far one run each
+of two equal candidates of their regimes comes apart on one host: `advisor.rounds`) run again in
 later rounds, interleaved; the pick then compares each candidate over its rounds with the rounds'
 drift taken out (`advisor.rounds.round_adjusted`: the geometric mean of its rounds when every
 candidate ran every round), and the pick's lead over each comes with its standard error.
@@ -31,10 +32,11 @@ from typing import Callable
 import numpy as np
 
 from advisor.alternatives import alternatives
-from advisor.rounds import DEFAULT_ROUNDS, DEFAULT_TIE_MARGIN, Lead, contenders, lead, round_adjusted, round_order
+from advisor.rounds import (DEFAULT_ROUNDS, Lead, contenders, lead, repeat_margin, round_adjusted,
+                            round_order)
 from advisor.search import SearchResult
 from calibration.harness.window import WindowSettings
-from models.band import Band
+from models.band import Band, regime_of
 from runs.record import RunRecord, geometric_mean
 
 
@@ -198,12 +200,17 @@ def measured_pick(measured: list[Measured], objective: str, max_slowdown: float)
     return Verdict(best, by, regret, note, {i: x for i, x in leads.items() if x is not None})
 
 
-def to_contend(measured: list[Measured], verdict: Verdict, max_slowdown: float, tie_margin: float) -> list[int]:
-    """The measured candidates a first round cannot rank against the pick (`advisor.rounds.contenders`)."""
-    if verdict.measured_pick is None:
+def to_contend(measured: list[Measured], verdict: Verdict, max_slowdown: float, tie_margin: float | None,
+               regimes: list[str]) -> list[int]:
+    """The measured candidates a first round cannot rank against the pick (`advisor.rounds.contenders`):
+    within `tie_margin` of it, or where None, within how far one run each of two equal candidates of
+    their regimes (`regimes`, one a measured candidate: gpu_bound or host_bound) comes apart."""
+    pick = verdict.measured_pick
+    if pick is None:
         return []
-    return contenders(_scores(measured, verdict.by), _scores(measured, "time"), verdict.measured_pick, max_slowdown,
-                      tie_margin)
+    score = _scores(measured, verdict.by)
+    margins = {i: tie_margin if tie_margin is not None else repeat_margin(regimes[i], regimes[pick]) for i in score}
+    return contenders(score, _scores(measured, "time"), pick, max_slowdown, margins)
 
 
 def plan_dict(result: SearchResult, chosen: list[Chosen], band: Band | None, seq_len: int) -> list[dict]:
@@ -250,7 +257,7 @@ class LoopSettings:
     window: WindowSettings = WindowSettings()
     timeout_s: float = 600.0
     rounds: int = DEFAULT_ROUNDS  # rounds of measurement for the candidates the first cannot rank
-    tie_margin: float = DEFAULT_TIE_MARGIN  # within this of the pick's figure, a candidate runs again
+    tie_margin: float | None = None  # within this of the pick's figure a candidate runs again; None: by regime
     retry: tuple[str, ...] = ()  # statuses (oom, crash, timeout) of stored runs to run again
 
 
@@ -306,8 +313,10 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
         again = contend(measured) if settings.rounds > 1 else []
         repeats: dict[int, list] = {i: [] for i in again}
         for n in range(2, settings.rounds + 1 if again else 0):
+            within = (f"{settings.tie_margin:.0%}" if settings.tie_margin is not None
+                      else "one run's scatter on one host (by regime)")
             print(f"round {n} of {settings.rounds}: measuring again the {len(again)} candidates within "
-                  f"{settings.tie_margin:.0%} of the measured pick", file=sys.stderr, flush=True)
+                  f"{within} of the measured pick", file=sys.stderr, flush=True)
             path = round_path(jsonl, n)
             run_validation(round_order([candidates[i] for i in again], n), store, path, workdir, run_settings, slots,
                            profile_name, deadline_s=left(), on_record=on_record, skip_stored=False)
@@ -385,9 +394,12 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     from advisor.host_check import worst_host_note
     from advisor.validate import at_probed_host, print_progress
 
+    shares = result.candidates.metrics["host_share"]
+    regimes = [regime_of(float(shares[ch.index])) for ch in chosen]
+
     def contend(first_round: list[Measured]) -> list[int]:
         return to_contend(first_round, measured_pick(first_round, req.objective, req.max_slowdown), req.max_slowdown,
-                          s.tie_margin)
+                          s.tie_margin, regimes)
 
     measured = run_chosen(result, chosen, req.model, req.workload, req.profile_name, s, contend,
                           on_record=print_progress)

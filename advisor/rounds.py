@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Candidates whose first measured figure is within this of the pick's are measured again by default.
-DEFAULT_TIE_MARGIN = 0.10
 DEFAULT_ROUNDS = 3
+# How far one setting's step time scatters from one run to the next on one host, sd of log (within one
+# lease: 19 GPU-bound and 27 host-bound measurements, `benchmarks/repeat_scatter.py --keep-chosen`,
+# 2026-12-04; one host-bound ZeRO-3 step ran 0.52-0.65 s in three processes on one machine).
+REPEAT_SD_LOG = {"gpu_bound": 0.041, "host_bound": 0.098}
 # A lead of this many standard errors over the rounds is taken as a real one.
 SEPARATED_AT_STDERRS = 2.0
 
@@ -78,17 +80,25 @@ def round_adjusted(per_round: dict[int, list[float | None]]) -> dict[int, float]
     return {key: math.exp(effects[k]) for k, key in enumerate(keys)}
 
 
+def repeat_margin(regime: str, pick_regime: str) -> float:
+    """How far apart one run each of two equal candidates can come out (two standard deviations of
+    their log difference, `REPEAT_SD_LOG`): closer than this, a first round cannot rank them. Two
+    GPU-bound steps 12%, two host-bound ones 28%."""
+    return 2.0 * math.hypot(REPEAT_SD_LOG[regime], REPEAT_SD_LOG[pick_regime])
+
+
 def contenders(score: dict[int, float], time: dict[int, float], pick: int, max_slowdown: float,
-               tie_margin: float) -> list[int]:
+               margins: dict[int, float]) -> list[int]:
     """Candidates (of `score`, the measured ones) that another round could put ahead of `pick` or
-    behind it: those within `tie_margin` of its figure that could keep the slowdown limit, the pick,
-    and the fastest where any of them sits within the margin of the limit it sets. In `score`'s order."""
+    behind it: those within their margin (`margins`, each candidate's against the pick) of its figure
+    that could keep the slowdown limit, the pick, and the fastest where any of them sits within its
+    margin of the limit it sets. In `score`'s order."""
     fastest = min(time, key=time.get)
     limit = time[fastest] * (1 + max_slowdown)
     close = {i for i in score
-             if score[i] <= score[pick] * (1 + tie_margin) and time[i] <= limit * (1 + tie_margin)}
+             if score[i] <= score[pick] * (1 + margins[i]) and time[i] <= limit * (1 + margins[i])}
     close.add(pick)
-    if any(time[i] * (1 + tie_margin) > limit for i in close):
+    if any(time[i] * (1 + margins[i]) > limit for i in close):
         close.add(fastest)
     return [i for i in score if i in close] if len(close) > 1 else []
 

@@ -12,7 +12,7 @@ from advisor_process import advisor, rerun_runs_nothing
 
 from advisor.loop import Chosen, LoopOutcome, Measured, measured_pick, round_path, to_contend
 from advisor.render import rounds_line, show_loop
-from advisor.rounds import contenders, lead, round_adjusted, round_order
+from advisor.rounds import contenders, lead, repeat_margin, round_adjusted, round_order
 from runs.record import Candidate, RunRecord, RunResult, geometric_mean
 
 
@@ -43,11 +43,30 @@ def test_a_lead_is_paired_by_round_and_separated_beyond_two_standard_errors():
 def test_contenders_are_those_within_the_margin_that_could_keep_the_slowdown_limit():
     score = {0: 100.0, 1: 105.0, 2: 109.0, 3: 120.0, 4: 95.0}
     time = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 2.0}  # 4 uses less but is twice as slow: out of the limit
-    assert contenders(score, time, pick=0, max_slowdown=0.1, tie_margin=0.10) == [0, 1, 2]
-    assert contenders(score, time, pick=0, max_slowdown=0.1, tie_margin=0.02) == []  # none close: no round
+    def each(margin):
+        return dict.fromkeys(score, margin)
+
+    assert contenders(score, time, pick=0, max_slowdown=0.1, margins=each(0.10)) == [0, 1, 2]
+    assert contenders(score, time, pick=0, max_slowdown=0.1, margins=each(0.02)) == []  # none close: no round
+    # each candidate's own margin against the pick: 3 is 20% behind, within a host-bound pair's scatter
+    assert contenders(score, time, 0, 0.1, {**each(0.10), 3: 0.25}) == [0, 1, 2, 3]
     # the pick near the slowdown limit set by the fastest: the fastest runs again too, as it sets the limit
     near = {0: 1.08, 1: 1.0, 2: 1.09, 3: 1.0, 4: 1.0}
-    assert contenders({0: 100.0, 1: 130.0, 2: 104.0}, {i: near[i] for i in range(3)}, 0, 0.1, 0.10) == [0, 1, 2]
+    assert contenders({0: 100.0, 1: 130.0, 2: 104.0}, {i: near[i] for i in range(3)}, 0, 0.1, each(0.10)) == [0, 1, 2]
+
+
+def test_the_default_margin_is_how_far_two_single_runs_of_equal_candidates_come_apart():
+    """Two standard deviations of the log difference of one run each, from the measured scatter
+    (REPEAT_SD_LOG): host-bound steps repeat worse, so they are measured again from further apart."""
+    gpu, host, mixed = (repeat_margin("gpu_bound", "gpu_bound"), repeat_margin("host_bound", "host_bound"),
+                        repeat_margin("host_bound", "gpu_bound"))
+    assert 0.10 < gpu < mixed < host < 0.30
+    assert mixed == repeat_margin("gpu_bound", "host_bound")
+    # one run each, 20% apart in energy: host-bound steps are measured again, GPU-bound ones are ranked
+    first_round = [rounds_of("a", [1.0], [1000.0]), rounds_of("b", [1.0], [1200.0])]
+    verdict = measured_pick(first_round, "energy", 0.1)
+    assert to_contend(first_round, verdict, 0.1, None, ["host_bound"] * 2) == [0, 1]
+    assert to_contend(first_round, verdict, 0.1, None, ["gpu_bound"] * 2) == []
 
 
 def test_later_rounds_alternate_direction():
@@ -60,7 +79,10 @@ def test_the_pick_is_judged_on_its_rounds_not_its_first_run():
     b = rounds_of("b", [1.0, 1.0, 1.0], [950.0, 1000.0, 1000.0])
     first_only = [Measured(a.chosen, a.record), Measured(b.chosen, b.record)]
     assert measured_pick(first_only, "energy", 0.1).measured_pick == 0
-    assert to_contend(first_only, measured_pick(first_only, "energy", 0.1), 0.1, 0.10) == [0, 1]
+    assert to_contend(first_only, measured_pick(first_only, "energy", 0.1), 0.1, 0.10, ["gpu_bound"] * 2) == [0, 1]
+    # 5% apart: within two GPU-bound runs' scatter by default; not within a 2% margin the user set
+    assert to_contend(first_only, measured_pick(first_only, "energy", 0.1), 0.1, None, ["gpu_bound"] * 2) == [0, 1]
+    assert to_contend(first_only, measured_pick(first_only, "energy", 0.1), 0.1, 0.02, ["gpu_bound"] * 2) == []
     v = measured_pick([a, b], "energy", 0.1)
     assert v.measured_pick == 1 and v.regret[0] > 0
     assert v.leads[0].rounds == 3 and v.leads[0].separated is False  # behind in two rounds, ahead in one
