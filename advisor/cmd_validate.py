@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from advisor.inputs import MAX_GPUS, MAX_PER_SAMPLE, parse_seq
+from advisor.rounds import repeat_note
 from calibration.harness.window import WindowSettings
 from runs.record import HOST_SPELL_S
 
@@ -170,6 +171,9 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> No
         if c.status == "ok" and c.step_time_rel_sem is not None and not window.precise_enough(c.step_time_rel_sem):
             out.print(f"{c.label}: its mean step time is known to +-{100 * c.step_time_rel_sem:.1f}% only (the window "
                       "ran out first; a noisy host): a smaller difference from another run is not measured.")
+        repeats = repeat_note(c.host_share) if c.status == "ok" else None
+        if repeats:
+            out.print(f"{c.label}: {repeats}")
     if skipped:
         out.print(f"{skipped} candidate(s) not run now: already recorded, or past --budget.")
     sys.stdout.flush()

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.band import regime_of
+
 DEFAULT_ROUNDS = 3
 # How far one setting's step time scatters from one run to the next on one host, sd of log (within one
 # lease: 19 GPU-bound and 27 host-bound measurements, `benchmarks/repeat_scatter.py --keep-chosen`,
@@ -78,6 +80,17 @@ def round_adjusted(per_round: dict[int, list[float | None]]) -> dict[int, float]
             design[row, len(keys) + r - 1] = 1.0
     effects = np.linalg.lstsq(design, np.array([y for _, _, y in cells]), rcond=None)[0]
     return {key: math.exp(effects[k]) for k, key in enumerate(keys)}
+
+
+def repeat_note(host_share: float | None) -> str | None:
+    """For people: how a run whose step is mostly the host's repeats in another process on the same
+    host, which its window's precision does not say; None for a GPU-bound step or an unknown share."""
+    if host_share is None or regime_of(host_share) != "host_bound":
+        return None
+    return (f"its step is mostly the host's ({host_share:.0%} predicted): such a step repeats to about "
+            f"+-{REPEAT_SD_LOG['host_bound']:.0%} (one sd) from one run to the next on one host, beyond its window's "
+            "precision; one run each cannot rank two such candidates closer than "
+            f"{repeat_margin('host_bound', 'host_bound'):.0%} (recommend --validate measures them again).")
 
 
 def repeat_margin(regime: str, pick_regime: str) -> float:

@@ -169,6 +169,7 @@ class Comparison:
     at_probed_host: dict | None = None  # the prediction made again at the host the run probed (`at_probed_host`)
     gpu_alloc_retries: int | None = None  # times the allocator freed its cache and retried (runs.record.RunResult)
     window_s: float | None = None  # the measured steps' seconds, summed; None where none were recorded
+    host_share: float | None = None  # the predicted share of the step on the host (models.predict); None: not known
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -229,7 +230,8 @@ def compare(record: RunRecord, profile=None) -> Comparison:
     spread = relative_sem(steps) if steps else None
     again = at_probed_host(record, profile) if profile is not None else None
     return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors,
-                      host, spread, again, record.result.gpu_alloc_retries, sum(steps) if steps else None)
+                      host, spread, again, record.result.gpu_alloc_retries, sum(steps) if steps else None,
+                      (record.prediction or {}).get("host_share"))
 
 
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,

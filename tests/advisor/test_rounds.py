@@ -12,7 +12,7 @@ from advisor_process import advisor, rerun_runs_nothing
 
 from advisor.loop import Chosen, LoopOutcome, Measured, measured_pick, round_path, to_contend
 from advisor.render import rounds_line, show_loop
-from advisor.rounds import contenders, lead, repeat_margin, round_adjusted, round_order
+from advisor.rounds import contenders, lead, repeat_margin, repeat_note, round_adjusted, round_order
 from runs.record import Candidate, RunRecord, RunResult, geometric_mean
 
 
@@ -62,6 +62,7 @@ def test_the_default_margin_is_how_far_two_single_runs_of_equal_candidates_come_
                         repeat_margin("host_bound", "gpu_bound"))
     assert 0.10 < gpu < mixed < host < 0.30
     assert mixed == repeat_margin("gpu_bound", "host_bound")
+    assert "28%" in repeat_note(0.9) and repeat_note(0.05) is None and repeat_note(None) is None  # said of host-bound runs
     # one run each, 20% apart in energy: host-bound steps are measured again, GPU-bound ones are ranked
     first_round = [rounds_of("a", [1.0], [1000.0]), rounds_of("b", [1.0], [1200.0])]
     verdict = measured_pick(first_round, "energy", 0.1)
