@@ -29,7 +29,7 @@ from advisor.inputs import (
     parse_sequences,
     writable_path,
 )
-from advisor.rounds import DEFAULT_ROUNDS
+from advisor.rounds import DEFAULT_ROUNDS, repeat_margin
 from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE
 
 DEFAULT_TOKENS = "1B"
@@ -255,8 +255,9 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
                    f"{DEFAULT_ROUNDS}; 1: one run each).")
 @click.option("--tie-margin", "tie_margin_text", default=None,
               help="With --validate: a candidate measured within this of the pick's figure runs again (default: "
-                   "how far one run each of two equal candidates comes apart on one host, 12% for two GPU-bound "
-                   "steps, 28% for two host-bound ones).")
+                   "how far one run each of two equal candidates comes apart on one host, "
+                   f"{repeat_margin('gpu_bound', 'gpu_bound'):.0%} for two GPU-bound steps, "
+                   f"{repeat_margin('host_bound', 'host_bound'):.0%} for two host-bound ones).")
 @click.option("--retry", multiple=True, type=click.Choice(["oom", "crash", "timeout"]),
               help="With --validate: run again the candidates stored with this status (say, a crash since fixed).")
 def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype,

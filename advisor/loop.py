@@ -312,9 +312,9 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
         measured = [Measured(ch, first.get(c.key())) for ch, c in zip(chosen, candidates)]
         again = contend(measured) if settings.rounds > 1 else []
         repeats: dict[int, list] = {i: [] for i in again}
+        within = (f"{settings.tie_margin:.0%}" if settings.tie_margin is not None
+                  else "one run's scatter on one host (by regime)")
         for n in range(2, settings.rounds + 1 if again else 0):
-            within = (f"{settings.tie_margin:.0%}" if settings.tie_margin is not None
-                      else "one run's scatter on one host (by regime)")
             print(f"round {n} of {settings.rounds}: measuring again the {len(again)} candidates within "
                   f"{within} of the measured pick", file=sys.stderr, flush=True)
             path = round_path(jsonl, n)
