@@ -17,6 +17,12 @@ that changes from one block to the next (noise) and the part that persists (drif
 follow the probe smoothed over 1 to 30 blocks, and how a window of about 10 s is read from the probes
 right before and after it (as the harness takes them), from the probes within it, and from the side
 meter within it.
+
+`--pin-cycle N` asks whether a host-bound step's speed depends on which vCPU its main thread runs on
+(the same step ran up to a quarter apart in three processes on one machine, at the same probe): each
+block pins the main thread (probe and steps) to one of the process's CPUs, every CPU once a cycle in a
+shuffled order with one unpinned block among them, for N cycles. The summary then splits the blocks'
+steps into what stays with a CPU from cycle to cycle and what does not (`placement_summary`).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -161,6 +168,89 @@ def window_reading(rows: list[dict], meter_us: list[float | None] | None = None)
     return out
 
 
+def thread_cpu() -> int | None:
+    """The CPU the calling thread last ran on (field 39 of /proc/thread-self/stat); None where not Linux."""
+    try:
+        stat = Path("/proc/thread-self/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[36])
+
+
+def cpu_siblings(cpus: list[int]) -> dict[int, str]:
+    """Each CPU's hyperthread siblings as the kernel lists them ("3,11"); absent where not readable."""
+    out = {}
+    for cpu in cpus:
+        try:
+            out[cpu] = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            pass
+    return out
+
+
+def pin_plan(cpus: list[int], cycles: int, seed: int = 0) -> list[tuple[int, int | None]]:
+    """(cycle, CPU to pin the main thread to, None: unpinned) for each block: every CPU once a cycle and
+    one unpinned block, shuffled, so a CPU's blocks fall at different times of the case."""
+    rng = random.Random(seed)
+    plan = []
+    for cycle in range(cycles):
+        order: list[int | None] = [*cpus, None]
+        rng.shuffle(order)
+        plan.extend((cycle, cpu) for cpu in order)
+    return plan
+
+
+def _series_by_cpu(rows: list[dict], value) -> dict[int, list[tuple[int, float]]]:
+    by_cpu: dict[int, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r.get("pinned_cpu") is not None:
+            by_cpu.setdefault(r["pinned_cpu"], []).append((r["cycle"], math.log(value(r))))
+    return by_cpu
+
+
+def _correlation(x: list[float], y: list[float]) -> float | None:
+    if len(x) < 3:
+        return None
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / math.sqrt(sxx * syy) if sxx and syy else None
+
+
+def placement_summary(rows: list[dict]) -> dict | None:
+    """For a `--pin-cycle` case, per series (median step, probe): the spread of the CPUs' mean logs
+    (between), the pooled spread of one CPU's blocks about its mean (within), and how the CPUs' means
+    over the even cycles follow those over the odd ones (a CPU's own speed persists where this is near
+    1; near 0 where the between-CPU spread is the blocks' noise). Also the unpinned blocks' mean log
+    against the pinned ones', and which CPUs the unpinned main thread ran on. None without pinned blocks."""
+    if not any(r.get("pinned_cpu") is not None for r in rows):
+        return None
+    out: dict = {"cpus": len({r["pinned_cpu"] for r in rows if r.get("pinned_cpu") is not None}),
+                 "cycles": len({r["cycle"] for r in rows}), "series": []}
+    for name, value in (("step wall, s", lambda r: statistics.median(r["step_s"])),
+                        ("probe, us a layer", lambda r: statistics.median(r["probe_rounds_us"]))):
+        by_cpu = _series_by_cpu(rows, value)
+        means = {c: statistics.fmean(v for _, v in blocks) for c, blocks in by_cpu.items()}
+        within = [v - means[c] for c, blocks in by_cpu.items() for _, v in blocks]
+        halves = [(statistics.fmean(v for k, v in blocks if k % 2 == 0), statistics.fmean(v for k, v in blocks if k % 2))
+                  for blocks in by_cpu.values()
+                  if any(k % 2 == 0 for k, _ in blocks) and any(k % 2 for k, _ in blocks)]
+        pinned = [v for blocks in by_cpu.values() for _, v in blocks]
+        unpinned = [math.log(value(r)) for r in rows if r.get("pinned_cpu") is None]
+        out["series"].append({
+            "name": name,
+            "between_cpus_sd_log": statistics.pstdev(means.values()) if len(means) > 1 else None,
+            "within_cpu_sd_log": math.sqrt(statistics.fmean(d * d for d in within)) if within else None,
+            "even_odd_cycle_correlation": _correlation([a for a, _ in halves], [b for _, b in halves]),
+            "slowest_over_fastest_cpu": math.exp(max(means.values()) - min(means.values())) if means else None,
+            "unpinned_over_pinned": math.exp(statistics.fmean(unpinned) - statistics.fmean(pinned)) if unpinned else None,
+            "cpu_mean_log": {str(c): m for c, m in sorted(means.items())},
+        })
+    out["unpinned_ran_on"] = sorted({c for r in rows if r.get("pinned_cpu") is None for c in r.get("cpus_ran_on") or []
+                                     if c is not None})
+    return out
+
+
 def drift_summary(rows: list[dict], meter: list[dict] | None = None) -> dict:
     """What a probe-drift file says (see the module's docstring); `meter`: its side meter's bins."""
     probe = [statistics.median(r["probe_rounds_us"]) for r in rows]
@@ -180,6 +270,7 @@ def drift_summary(rows: list[dict], meter: list[dict] | None = None) -> dict:
         "steal_cpu_s_per_block": statistics.fmean(steal) if steal else None,
         "step_follows_probe": [asdict(f) for b in SMOOTHING_BLOCKS if (f := following(probe, step, b))],
         "window": window_reading(rows, meter_per_block(rows, meter) if meter else None),
+        "placement": placement_summary(rows),
     }
 
 
@@ -204,6 +295,16 @@ def print_summary(summary: dict) -> None:
                 r = window[key]
                 print(f"  {name:43s} slope {r['slope']:5.2f} corr {r['correlation']:5.2f} "
                       f"residual sd {r['residual_sd_log']:.3f}")
+    placement = summary.get("placement")
+    if placement:
+        print(f"main thread pinned to each of {placement['cpus']} CPUs in {placement['cycles']} cycles "
+              f"(unpinned, it ran on CPUs {placement['unpinned_ran_on']}):")
+        print(f"{'series':20s} {'between':>8s} {'within':>7s} {'even~odd':>9s} {'slow/fast':>10s} {'unpinned':>9s}")
+        for p in placement["series"]:
+            corr = p["even_odd_cycle_correlation"]
+            print(f"{p['name']:20s} {p['between_cpus_sd_log'] or 0:8.3f} {p['within_cpu_sd_log'] or 0:7.3f} "
+                  f"{'n/a' if corr is None else f'{corr:.2f}':>9s} {p['slowest_over_fastest_cpu']:10.2f} "
+                  f"{p['unpinned_over_pinned'] or float('nan'):9.2f}")
 
 
 def _engine(args, device):
@@ -278,20 +379,34 @@ def run(args) -> int:
         stop_meter = context.Event()
         meter = context.Process(target=host_meter, args=(str(meter_path(out)), stop_meter), daemon=True)
         meter.start()
+    all_cpus = sorted(os.sched_getaffinity(0))
+    if args.pin_cycle:
+        case["cpu_siblings"] = cpu_siblings(all_cpus)
+    plan = iter(pin_plan(all_cpus, args.pin_cycle, seed=os.getpid()) if args.pin_cycle else [])
     start = time.perf_counter()
     blocks = 0
     while time.perf_counter() - start < args.seconds:
+        pinning = {}
+        if args.pin_cycle:
+            cycle, cpu = next(plan, (None, None))
+            if cycle is None:
+                break
+            os.sched_setaffinity(0, {cpu} if cpu is not None else all_cpus)  # 0: this thread alone
+            pinning = {"cycle": cycle, "pinned_cpu": cpu}
         t_s = time.perf_counter() - start
         steal_before = steal_cpu_s()
         rounds = issue_rounds_us_per_layer(device, sync, ISSUE_PROBE_ROUNDS)
-        walls, cpus, steps_start = [], [], time.time()
+        walls, cpus, ran_on, steps_start = [], [], [], time.time()
         for _ in range(args.steps):
             w0, c0 = time.perf_counter(), time.thread_time()
             step()
             walls.append(time.perf_counter() - w0)
             cpus.append(time.thread_time() - c0)
+            ran_on.append(thread_cpu())
         steal_after = steal_cpu_s()
-        row = {**case, "block": blocks, "t_s": round(t_s, 3), "unix_s": round(time.time(), 2), "probe_rounds_us": rounds, "step_s": walls,
+        if pinning:
+            pinning["cpus_ran_on"] = ran_on
+        row = {**case, **pinning, "block": blocks, "t_s": round(t_s, 3), "unix_s": round(time.time(), 2), "probe_rounds_us": rounds, "step_s": walls,
                "step_thread_cpu_s": cpus,
                "steps_unix_s": [round(steps_start, 3), round(time.time(), 3)],
                "steal_cpu_s": None if steal_before is None or steal_after is None else steal_after - steal_before}
@@ -321,6 +436,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="append the blocks here (JSON lines)")
     p.add_argument("--meter", action="store_true",
                    help="also run the side meter (another process's pure-Python speed) into OUT's .meter.jsonl")
+    p.add_argument("--pin-cycle", type=int, default=0, metavar="N",
+                   help="pin the main thread to each of the process's CPUs in turn, N shuffled cycles with one "
+                        "unpinned block each (ends at N cycles or --seconds)")
     p.add_argument("--summary", metavar="FILE", help="print what a drift file says, and exit")
     p.add_argument("--json", action="store_true", help="with --summary: the summary as JSON")
     args = p.parse_args(argv)

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "probe_drift.py"
 sys.path.insert(0, str(REPO / "scripts"))
 
-from probe_drift import drift_summary, following, spread  # noqa: E402
+from probe_drift import drift_summary, following, pin_plan, placement_summary, spread  # noqa: E402
 
 
 def test_white_noise_is_noise_and_a_slow_walk_is_drift():
@@ -60,6 +60,42 @@ def test_a_window_is_read_from_the_probes_within_it_when_the_host_moves_between_
     assert "side_meter_within" not in window  # no meter given
 
 
+def test_a_pin_plan_visits_every_cpu_once_a_cycle_with_one_unpinned_block():
+    plan = pin_plan([0, 1, 2, 3], cycles=3, seed=5)
+    assert len(plan) == 15
+    for cycle in range(3):
+        assert sorted(c for k, c in plan if k == cycle and c is not None) == [0, 1, 2, 3]
+        assert [c for k, c in plan if k == cycle].count(None) == 1
+    assert [c for _, c in plan[:5]] != [c for _, c in plan[5:10]]  # shuffled anew each cycle
+
+
+def _pinned_rows(cpu_effect: dict[int, float], cycles: int, noise: float, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for cycle, cpu in pin_plan(sorted(cpu_effect), cycles, seed):
+        level = cpu_effect[cpu] if cpu is not None else 0.0
+        step = 0.5 * math.exp(level + rng.gauss(0, noise))
+        rows.append({"cycle": cycle, "pinned_cpu": cpu, "cpus_ran_on": [7, 7] if cpu is None else [cpu, cpu],
+                     "step_s": [step, step], "probe_rounds_us": [150 * math.exp(rng.gauss(0, noise))] * 5})
+    return rows
+
+
+def test_placement_tells_a_cpu_that_stays_slow_from_noise():
+    slow_half = {c: (0.3 if c % 2 else 0.0) for c in range(16)}  # every odd CPU 35% slower, cycle after cycle
+    steady = placement_summary(_pinned_rows(slow_half, cycles=6, noise=0.05, seed=1))
+    step, probe = steady["series"]
+    assert steady["cpus"] == 16 and steady["cycles"] == 6
+    assert step["even_odd_cycle_correlation"] > 0.9
+    assert step["between_cpus_sd_log"] == pytest.approx(0.15, abs=0.03)
+    assert step["within_cpu_sd_log"] < 0.07
+    assert step["slowest_over_fastest_cpu"] > 1.25
+    assert abs(probe["even_odd_cycle_correlation"]) < 0.6  # the probe here is noise alone
+    assert steady["unpinned_ran_on"] == [7]
+    flat = placement_summary(_pinned_rows({c: 0.0 for c in range(16)}, cycles=6, noise=0.05, seed=2))
+    assert abs(flat["series"][0]["even_odd_cycle_correlation"]) < 0.6
+    assert placement_summary([{"step_s": [1.0], "probe_rounds_us": [1.0]}]) is None  # not a pinned case
+
+
 def test_a_short_case_runs_on_the_cpu_and_its_file_reads(tmp_path):
     out = tmp_path / "drift.jsonl"
     done = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny-cpu", "--seq", "32", "--zero-stage", "3",
@@ -80,6 +116,26 @@ def test_a_short_case_runs_on_the_cpu_and_its_file_reads(tmp_path):
     shown = subprocess.run([sys.executable, str(SCRIPT), "--summary", str(out), "--json"], capture_output=True,
                            text=True, timeout=60, cwd=REPO)
     assert json.loads(shown.stdout)["blocks"] == len(rows)
+
+
+def test_a_pinned_case_runs_on_the_cpu_and_says_where_it_ran(tmp_path):
+    out = tmp_path / "pinned.jsonl"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny-cpu", "--seq", "32", "--zero-stage", "0",
+                           "--checkpoint-every", "0", "--seconds", "60", "--warmup", "1", "--pin-cycle", "2",
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": "29548"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    cpus = sorted(__import__("os").sched_getaffinity(0))
+    assert len(rows) == 2 * (len(cpus) + 1)  # ends after its cycles, well before --seconds
+    for r in rows:
+        if r["pinned_cpu"] is not None:
+            assert set(r["cpus_ran_on"]) == {r["pinned_cpu"]}  # the steps ran where they were pinned
+    assert [r["pinned_cpu"] for r in rows].count(None) == 2
+    shown = subprocess.run([sys.executable, str(SCRIPT), "--summary", str(out)], capture_output=True, text=True,
+                           timeout=60, cwd=REPO)
+    assert shown.returncode == 0 and "main thread pinned to each of" in shown.stdout
 
 
 def test_a_bad_file_is_one_line_and_exit_2(tmp_path):
