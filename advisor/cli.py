@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import signal
+import time
 
 import click
 
@@ -238,7 +239,8 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               help="Measure up to K candidates the model cannot tell apart on this machine's GPUs, and pick by "
                    "measurement (the pick, the fastest, those whose band overlaps the pick's, the best of each family).")
 @click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=None,
-              help="With --validate: seconds for the runs; no run starts or runs past it.")
+              help="With --validate: seconds for this whole command (the search and op builds included): no run "
+                   "starts or runs past it.")
 @click.option("--refit", is_flag=True,
               help="With --validate: refit the profile on every stored run; written beside it, never over it.")
 @click.option("--script", default=None,
@@ -267,6 +269,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     """Search ZeRO stage, offload, checkpointing, sp and micro-batch; print the Pareto front,
     the pick, its DeepSpeed config and launch line. With --validate K, measure the closest
     candidates and pick by measurement."""
+    started = time.monotonic()
     from advisor.loop import LoopSettings
     from advisor.recommend import RecommendRequest, recommend_run
     from advisor.space import widest_sp
@@ -304,7 +307,8 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     tie_margin = None if tie_margin_text is None else parse_fraction(tie_margin_text, "--tie-margin")
     loop = None if validate_k is None else LoopSettings(
         k=validate_k, workdir=workdir, store=store_path, jsonl=None, budget_s=budget_s, script=script, refit=refit,
-        plan_only=plan_only, rounds=rounds or DEFAULT_ROUNDS, tie_margin=tie_margin, retry=tuple(retry))
+        plan_only=plan_only, rounds=rounds or DEFAULT_ROUNDS, tie_margin=tie_margin, retry=tuple(retry),
+        started_monotonic_s=started)
     recommend_run(RecommendRequest(
         model=model, workload=workload, profile=prof, profile_name=profile, gpu_counts=counts,
         global_batch=_global_batch(global_batch_text, workload.seq_len), tokens=tokens, objective=objective,

@@ -250,7 +250,7 @@ class LoopSettings:
     workdir: str
     store: str | None  # SQLite run store (default: advisor's cache folder)
     jsonl: str | None  # default WORKDIR/runs.jsonl
-    budget_s: float | None  # no run starts or runs past it
+    budget_s: float | None  # seconds from `started_monotonic_s`: no run starts or runs past them
     script: str | None  # the user's training script (advisor.monitor.StepMeter inside); None: built-in model
     refit: bool  # refit the profile on every stored run, written beside the old one
     plan_only: bool  # print the candidates and their predictions; run nothing
@@ -259,6 +259,9 @@ class LoopSettings:
     rounds: int = DEFAULT_ROUNDS  # rounds of measurement for the candidates the first cannot rank
     tie_margin: float | None = None  # within this of the pick's figure a candidate runs again; None: by regime
     retry: tuple[str, ...] = ()  # statuses (oom, crash, timeout) of stored runs to run again
+    # When the command started (time.monotonic()): the search and the op builds count against the budget,
+    # as with `validate --budget`, so a command given N seconds ends within them.
+    started_monotonic_s: float = field(default_factory=time.monotonic)
 
 
 def round_path(jsonl: Path, round_number: int) -> Path:
@@ -297,7 +300,7 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
     slots = local_slots(parallel=True)
     prebuild_local(slots)
     run_settings = RunSettings(window=settings.window, timeout_s=settings.timeout_s)
-    end = None if settings.budget_s is None else time.monotonic() + settings.budget_s
+    end = None if settings.budget_s is None else settings.started_monotonic_s + settings.budget_s
 
     def left() -> float | None:
         return None if end is None else max(0.0, end - time.monotonic())

@@ -6,14 +6,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from advisor_process import advisor, rerun_runs_nothing
 
-from advisor.loop import Chosen, Measured, choose, measured_pick
+from advisor.loop import Chosen, LoopSettings, Measured, choose, measured_pick, run_chosen
 from advisor.search import exhaustive_search
 from models.band import Band
+from models.workload import Workload
 from runs.record import Candidate, RunRecord, RunResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,6 +169,28 @@ def test_the_loop_names_a_measured_candidate_that_ran_at_the_gpus_memory_limit()
     text = out.file.getvalue()
     assert "tight: torch's allocator found no free memory 4 time(s)" in text and "roomy: torch's" not in text
     assert loop.to_dict()["candidates"][0]["result"]["gpu_alloc_retries"] == 4
+
+
+def test_the_loops_budget_counts_what_ran_before_its_runs(tiny_problem, tmp_path, monkeypatch):
+    """A command given 100 s that spent 40 of them searching and building ops has 60 s left for its
+    runs, not 100 (a lent machine's call ran past its limit so, 2026-12-04)."""
+    import advisor.validate as validate
+
+    monkeypatch.setattr(validate, "prebuild_local", lambda slots: None)
+    deadlines = []
+    monkeypatch.setattr(validate, "run_validation",
+                        lambda *args, deadline_s=None, **kwargs: deadlines.append(deadline_s) or [])
+    result = exhaustive_search(tiny_problem, "energy", 0.60)
+    workload = Workload(tiny_problem.arch, tiny_problem.seq_len)
+    settings = LoopSettings(k=1, workdir=str(tmp_path / "work"), store=str(tmp_path / "runs.db"), jsonl=None,
+                            budget_s=100.0, script=None, refit=False, plan_only=False,
+                            started_monotonic_s=time.monotonic() - 40.0)
+    run_chosen(result, [Chosen(0, "the pick")], "7B", workload, "h200", settings)
+    assert len(deadlines) == 1 and 55.0 < deadlines[0] <= 60.0
+    unbounded = LoopSettings(k=1, workdir=str(tmp_path / "work"), store=str(tmp_path / "runs.db"), jsonl=None,
+                             budget_s=None, script=None, refit=False, plan_only=False)
+    run_chosen(result, [Chosen(0, "the pick")], "7B", workload, "h200", unbounded)
+    assert deadlines[1] is None
 
 
 @pytest.mark.slow
