@@ -42,14 +42,19 @@ def _parameter_rows(model) -> list[dict]:
              "informed": f.informed} for f in model.parameters_.values()]
 
 
-def _format_parameters(rows: list[dict], fragmentation: dict, host_process_gib: float | None) -> str:
+def _format_parameters(rows: list[dict], fragmentation: dict, collective_pool: tuple[float, int] | None,
+                       host_process_gib: float | None) -> str:
     lines = [f"{'constant':<44}{'start':>11}{'fitted':>11}{'+-':>10}  note"]
     for r in rows:
         std = "-" if r["std"] is None else f"{r['std']:.3g}"
         note = f"fitted to {r['fitted_to']}" if r["informed"] else "kept: no run responds to it"
         lines.append(f"{r['name']:<44}{r['start']:>11.4g}{r['value']:>11.4g}{std:>10}  {note}")
     for name, (value, count) in (fragmentation or {}).items():
-        lines.append(f"{name:<44}{'':>11}{value:>11.4g}{'-':>10}  median reserved/allocated - 1 ({count} runs)")
+        lines.append(f"{name:<44}{'':>11}{value:>11.4g}{'-':>10}  median reserved/allocated - 1 ({count} one-GPU runs)")
+    if collective_pool is not None:
+        value, count = collective_pool
+        lines.append(f"{'memory.collective_pool':<44}{'':>11}{value:>11.4g}{'-':>10}  median GiB beyond the share "
+                     f"({count} runs on more than one GPU)")
     if host_process_gib is not None:
         lines.append(f"{'memory.host_process_per_rank':<44}{'':>11}{host_process_gib:>11.4g}{'-':>10}  "
                      "median host GiB per rank, runs without offload")
@@ -108,6 +113,7 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
             "prior_strength": done.prior_strength,
             "cross_validation": {str(k): v for k, v in done.cv_scores.items()}, "parameters": rows,
             "fragmentation": {k: v for k, (v, _) in (model.fragmentation_ or {}).items()},
+            "collective_pool_gib": model.collective_pool_[0] if model.collective_pool_ else None,
             "host_process_per_rank_gib": model.host_process_,
             # the held-out report under its own name: leave-one-out's, or k-fold's (its mode says which)
             ("held_out" if folds else "leave_one_out"): report.to_dict() if report else None,
@@ -121,7 +127,7 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
                    + f"; chose {done.prior_strength:g}")
     for line in run_set.skipped:
         click.echo(f"  unusable: {line}")
-    click.echo(_format_parameters(rows, model.fragmentation_, model.host_process_))
+    click.echo(_format_parameters(rows, model.fragmentation_, model.collective_pool_, model.host_process_))
     if report:
         click.echo("")
         click.echo(format_report(report))

@@ -26,7 +26,7 @@ from scipy.optimize import least_squares
 from models.energy import PHASE_POWER
 from models.memory import FRAGMENTATION_FIELDS, fragmentation_index
 from models.predict import predict_batch
-from models.profile import FitRecord, HardwareProfile
+from models.profile import FitRecord, HardwareProfile, Quantity
 from models.strategy import Strategy, StrategyBatch
 from models.workload import Workload
 
@@ -296,6 +296,8 @@ class ProfileFit:
             values.update({name: f.value for name, f in fitted.items()})
 
         self.fragmentation_ = self._fragmentation(runs) if self.fit_memory else None
+        self.collective_pool_ = (self._collective_pool(runs, self.fragmentation_, base_profile)
+                                 if self.fit_memory else None)
         self.host_process_ = self._host_process(runs) if self.fit_memory else None
         self.parameters_ = fitted
         self.values_ = {name: f.value for name, f in fitted.items() if f.informed}
@@ -345,21 +347,41 @@ class ProfileFit:
                 for j, p in enumerate(stage)}
 
     @staticmethod
-    def _fragmentation(runs: list[MeasuredRun]) -> dict[str, tuple[float, int]]:
+    def _fragmentation_field(r: MeasuredRun) -> str:
+        """The fragmentation share a run's pool takes (`models.memory` picks in this order)."""
+        index = fragmentation_index(r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0)
+        return f"memory.{list(FRAGMENTATION_FIELDS)[int(index)]}"
+
+    @staticmethod
+    def _pooled(runs: list[MeasuredRun]) -> list[MeasuredRun]:
+        return [r for r in runs if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0]
+
+    @classmethod
+    def _fragmentation(cls, runs: list[MeasuredRun]) -> dict[str, tuple[float, int]]:
         """Caching-allocator overhead, median of reserved / allocated - 1 over runs that measured
         both, apart for steps that offload the optimizer, and for the others with and without
-        checkpointing (`models.memory` picks in that order): {profile path: (value, runs)}."""
-        fields = list(FRAGMENTATION_FIELDS)
-
-        def kind(r: MeasuredRun) -> str:
-            index = fragmentation_index(r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0)
-            return f"memory.{fields[int(index)]}"
-
+        checkpointing: {profile path: (value, runs)}. Multi-GPU runs count here too: taking the
+        shares from one-GPU runs alone lowered the checkpointed one below what a capped one-GPU step
+        was measured to need (benchmarks/memory_accuracy.py --need)."""
         ratios: dict[str, list[float]] = {}
-        for r in runs:
-            if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0:
-                ratios.setdefault(kind(r), []).append(r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib)
+        for r in cls._pooled(runs):
+            ratios.setdefault(cls._fragmentation_field(r), []).append(r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib)
         return {name: (float(np.clip(np.median(v) - 1.0, 0.0, 1.0)), len(v)) for name, v in ratios.items()}
+
+    @classmethod
+    def _collective_pool(cls, runs: list[MeasuredRun], fragmentation: dict[str, tuple[float, int]],
+                         base: HardwareProfile) -> tuple[float, int] | None:
+        """What the pool of a step whose ranks exchange data holds beyond its fragmentation share:
+        median over runs on more than one GPU of reserved - allocated x (1 + share), GiB, not below 0;
+        (value, runs), None without such runs. A share these runs fitted none of is `base`'s."""
+        extra = []
+        for r in cls._pooled(runs):
+            if r.strategy.gpus > 1:
+                field = cls._fragmentation_field(r)
+                share = fragmentation[field][0] if field in fragmentation else (
+                    getattr(base.memory, field.removeprefix("memory.")) or base.memory.fragmentation).value
+                extra.append(r.peak_gpu_reserved_gib - r.peak_gpu_mem_gib * (1.0 + share))
+        return (max(float(np.median(extra)), 0.0), len(extra)) if extra else None
 
     @staticmethod
     def _host_process_runs(runs: list[MeasuredRun]) -> list[MeasuredRun]:
@@ -391,6 +413,15 @@ class ProfileFit:
             if getattr(base.memory, field) is None and f"memory.{field}" in values:
                 base = base.model_copy(update={"memory": base.memory.model_copy(update={
                     field: base.memory.fragmentation})})  # a node to hold the fitted value
+        if self.collective_pool_ is not None:
+            value, count = self.collective_pool_
+            values["memory.collective_pool"] = value
+            how["memory.collective_pool"] = (
+                f"{value:.4g} GiB, median over {count} measured runs on more than one GPU of torch "
+                "max_memory_reserved - max_memory_allocated x (1 + their fragmentation share)")
+            if base.memory.collective_pool is None:
+                base = base.model_copy(update={"memory": base.memory.model_copy(update={
+                    "collective_pool": Quantity(value=0.0, unit="GiB", source="absent")})})  # a node to hold it
         if self.host_process_ is not None:
             values["memory.host_process_per_rank"] = self.host_process_
             how["memory.host_process_per_rank"] = (

@@ -124,7 +124,7 @@ class MemoryEstimate:
     activations_gpu_bytes: np.ndarray  # activations and loss buffers at the loss (the forward's peak)
     moment_gpu_bytes: dict[str, np.ndarray]  # what is allocated at each moment of `MOMENTS`
     allocated_gpu_bytes: np.ndarray  # the largest of them: what torch.cuda.max_memory_allocated would show
-    reserved_gpu_bytes: np.ndarray  # allocated x (1 + fragmentation): torch.cuda.max_memory_reserved
+    reserved_gpu_bytes: np.ndarray  # allocated x (1 + fragmentation) (+ collective_pool): torch.cuda.max_memory_reserved
     peak_gpu_bytes: np.ndarray  # reserved + memory outside torch's pool: what must fit on the GPU
     host_bytes_per_rank: np.ndarray
     host_bytes_per_node: np.ndarray
@@ -340,7 +340,8 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     allocated = np.maximum.reduce([moments[name] for name in MOMENTS])
     mem = profile.memory
     shares = np.array([(getattr(mem, field) or mem.fragmentation).value for field in FRAGMENTATION_FIELDS])
-    reserved = allocated * (1.0 + shares[fragmentation_index(opt_off, n_ck > 0)])
+    collective = mem.collective_pool.value * GIB if mem.collective_pool is not None else 0.0
+    reserved = allocated * (1.0 + shares[fragmentation_index(opt_off, n_ck > 0)]) + np.where(n > 1, collective, 0.0)
     peak = reserved + mem.framework_reserved.value * GIB
     ckpt_host = on_host * pinned_bytes(t * ckpt) + vision_host
     host_rank = states.host_bytes_per_rank + ckpt_host + profile.memory.host_process_per_rank.value * GIB

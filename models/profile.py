@@ -447,7 +447,10 @@ class MemorySpec(_Strict):
     whose recomputation allocates and frees a layer's activations at a time. On H200 (315 fitted
     runs) the pool sat 32% above the peak allocation at the median with offload (68 runs), 20%
     checkpointed without it (132) and 16% with neither (115); when offload runs counted among the
-    checkpointed ones, that figure read 27%. None takes `fragmentation`. `framework_reserved` is device memory outside torch's pool
+    checkpointed ones, that figure read 27%. None takes `fragmentation`. `collective_pool` is what the
+    pool holds beyond those shares in a step whose ranks exchange data (more than one GPU), in GiB, not
+    a share: the 35 fitted runs on 2 and 4 GPUs held a median 2.75 GiB more, across ZeRO stages and dp/sp
+    splits, where one-GPU steps on the same hosts held none (why is not measured); None: nothing. `framework_reserved` is device memory outside torch's pool
     (CUDA context, NCCL, cuBLAS). `host_process_per_rank` is each training process's host memory
     before any offload (the CUDA context, PyTorch, DeepSpeed, the data): about 1.8 GiB on H200 hosts."""
 
@@ -455,6 +458,7 @@ class MemorySpec(_Strict):
     fragmentation: Fraction
     fragmentation_checkpointed: Fraction | None = None
     fragmentation_offload: Fraction | None = None
+    collective_pool: GiB | None = None
     host_process_per_rank: GiB = Quantity(
         value=0.0, unit="GiB", source="not measured: fitted from real runs' host memory (neutral value)")
 
@@ -565,7 +569,7 @@ class HardwareProfile(_Strict):
 
 
 # Quantities whose zero means "absent" (said in their docstrings) although their unit is not a time.
-_MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank"} | {
+_MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank", "memory.collective_pool"} | {
     f"gpu.{block}.{width}" for block in ("layer_elementwise", "vision_elementwise")
     for width in ("per_hidden", "per_kv", "per_ffn")}  # a width that moves no bytes of its own
 # Fractions that are shares of a whole (the slowdowns and efficiencies may exceed 1: a collective

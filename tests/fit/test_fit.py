@@ -84,16 +84,31 @@ def test_fitted_profile_is_honest_about_its_origin(full_fit, base, all_runs):
     assert parse_profile(p.model_dump(), "fitted") == p  # strict schema still holds
 
 
-def test_the_reserved_pool_is_fitted_apart_for_offload_then_checkpointing(all_runs):
+def test_the_reserved_pool_is_fitted_apart_for_offload_then_checkpointing_then_collectives(all_runs, base):
     """Offload steps pool their transfers' staging and casts whatever their checkpointing; the others
-    split by checkpointing, as models.memory picks."""
+    split by checkpointing, as models.memory picks; a step on more than one GPU holds 3 GiB more
+    whatever its kind: the GiB are what those steps hold beyond their kind's share."""
     excess = {(True, True): 0.40, (True, False): 0.40, (False, True): 0.25, (False, False): 0.10}
-    runs = [dataclasses.replace(r, peak_gpu_reserved_gib=r.peak_gpu_mem_gib * (1.0 + excess[(
-        r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0)])) for r in all_runs]
-    fitted = ProfileFit._fragmentation(runs)
+
+    def reserved(r: MeasuredRun) -> float:
+        share = excess[(r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0)]
+        return r.peak_gpu_mem_gib * (1.0 + share) + (3.0 if r.strategy.gpus > 1 else 0.0)
+
+    one_gpu = [dataclasses.replace(r, peak_gpu_reserved_gib=reserved(r)) for r in all_runs if r.strategy.gpus == 1]
+    fitted = ProfileFit._fragmentation(one_gpu)
     assert {k: round(v, 9) for k, (v, _) in fitted.items()} == {
         "memory.fragmentation": 0.10, "memory.fragmentation_checkpointed": 0.25, "memory.fragmentation_offload": 0.40}
-    assert sum(n for _, n in fitted.values()) == len(runs)
+    assert sum(n for _, n in fitted.values()) == len(one_gpu)
+    assert ProfileFit._collective_pool(one_gpu, fitted, base) is None  # no run on more than one GPU
+    runs = [dataclasses.replace(r, peak_gpu_reserved_gib=reserved(r)) for r in all_runs]
+    several = sum(r.strategy.gpus > 1 for r in runs)
+    assert 0 < several < len(runs) / 2  # the shares' medians stay the one-GPU runs'
+    value, count = ProfileFit._collective_pool(runs, ProfileFit._fragmentation(runs), base)
+    assert value == pytest.approx(3.0) and count == several
+    model = ProfileFit(parameters=(FitParameter("overheads.step", 0.0, 5.0, 0.05, "time"),)).fit(runs, base)
+    pool = model.profile_.memory.collective_pool
+    assert pool.value == pytest.approx(3.0) and pool.source.startswith("fitted:")
+    assert model.profile_.fit.prefit["memory.collective_pool"] == base.memory.collective_pool
 
 
 def test_constants_no_run_informs_are_kept(specs, base):

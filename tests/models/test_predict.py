@@ -61,18 +61,33 @@ def test_too_little_gpu_memory_is_reported_with_numbers(gh200):
 def test_framework_reserve_and_fragmentation_count_in_the_need():
     s = Strategy(gpus=4, gpus_per_node=4, zero_stage=3, checkpoint_every=1)
     base = predict(W7_32K, s, profile_with({"memory.framework_reserved": 0.0, "memory.fragmentation": 0.0,
-                                            "memory.fragmentation_checkpointed": 0.0}))
+                                            "memory.fragmentation_checkpointed": 0.0, "memory.collective_pool": 0.0}))
     more = predict(W7_32K, s, profile_with({"memory.framework_reserved": 3.0, "memory.fragmentation": 0.05,
-                                            "memory.fragmentation_checkpointed": 0.25}))
+                                            "memory.fragmentation_checkpointed": 0.25, "memory.collective_pool": 0.0}))
     assert base.peak_gpu_mem_gib == pytest.approx(base.allocated_gpu_mem_gib)
     assert more.peak_gpu_mem_gib == pytest.approx(1.25 * base.allocated_gpu_mem_gib + 3.0)
     offload = dataclasses.replace(s, offload_optimizer="cpu")  # its own share, checkpointed or not
     own = profile_with({"memory.framework_reserved": 0.0, "memory.fragmentation": 0.05,
-                        "memory.fragmentation_checkpointed": 0.25, "memory.fragmentation_offload": 0.4})
+                        "memory.fragmentation_checkpointed": 0.25, "memory.fragmentation_offload": 0.4,
+                        "memory.collective_pool": 0.0})
     none = own.model_copy(update={"memory": own.memory.model_copy(update={"fragmentation_offload": None})})
     for p, share in ((own, 0.4), (none, 0.05)):  # without a share of its own: the plain one
         pred = predict(W7_32K, offload, p)
         assert pred.peak_gpu_mem_gib == pytest.approx((1 + share) * pred.allocated_gpu_mem_gib)
+
+
+def test_a_step_whose_ranks_communicate_pools_the_collective_figure_on_top_of_its_share():
+    """memory.collective_pool is GiB beyond the share, for more than one GPU only; absent, nothing."""
+    with_pool = profile_with({"memory.fragmentation": 0.1, "memory.fragmentation_checkpointed": 0.1,
+                              "memory.collective_pool": 3.0})
+    without = with_pool.model_copy(update={"memory": with_pool.memory.model_copy(update={"collective_pool": None})})
+    for gpus, extra_gib in ((1, 0.0), (4, 3.0)):
+        s = Strategy(gpus=gpus, gpus_per_node=4, zero_stage=3, checkpoint_every=1)
+        pooled, bare = predict(W7_32K, s, with_pool), predict(W7_32K, s, without)
+        assert bare.reserved_gpu_mem_gib == pytest.approx(1.1 * bare.allocated_gpu_mem_gib)
+        assert pooled.reserved_gpu_mem_gib == pytest.approx(bare.reserved_gpu_mem_gib + extra_gib)
+        assert pooled.peak_gpu_mem_gib - pooled.reserved_gpu_mem_gib == pytest.approx(
+            bare.peak_gpu_mem_gib - bare.reserved_gpu_mem_gib)  # the framework's reserve, as before
 
 
 def test_host_memory_and_node_size_reasons():
