@@ -112,6 +112,12 @@ def test_predict_table_is_readable():
     result = run("predict", "--model", "7B", "--seq", "4k", "--zero", "2")
     assert result.exit_code == 0, result.output
     assert "step time" in result.output and "Breakdown" in result.output and "compute" in result.output
+    # the peak beside what torch reports, so a user can set it against their own run's numbers
+    out = run_json("predict", "--model", "7B", "--seq", "4k", "--zero", "2")
+    line = next(x for x in result.output.splitlines() if "peak GPU memory" in x)
+    for key in ("peak_gpu_mem_gib", "allocated_gpu_mem_gib", "reserved_gpu_mem_gib"):
+        assert f"{out[key]:,.1f}" in line, key
+    assert "max_memory_reserved" in line
 
 
 def test_predict_reads_a_ds_config_and_flags_override_it(arch7b, tmp_path):
