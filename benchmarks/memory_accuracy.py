@@ -12,6 +12,11 @@ max_memory_reserved against the predicted reserved pool (allocated x (1 + fragme
 like), and the predicted peak (that pool + the framework's reserve outside it), which is what decides
 feasibility. Runs that did not finish are listed, not compared.
 
+`--by-gpus` splits what each run's pool held beyond its kind's fragmentation share (reserved -
+allocated x (1 + share), GiB, measured allocated) by the machine the run file names (h200-x1, -x2, ...)
+and the run's GPU count: whether steps on more than one GPU hold more than the share, and whether the
+same machines' one-GPU steps do (`memory.collective_pool`).
+
 `--need FILE` reads a sweep of `scripts/memory_cap.py` (each setting uncapped, then its pool capped) and
 sets the model's pool beside what each step needed: more than the largest cap it ran out of memory
 in, at most the pool it reached under the smallest cap it ran in.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,11 +107,50 @@ def print_needs(rows: list[Need]) -> None:
           f"{counts['short']}, open for {counts['open']} (GiB; pool: the reserved pool uncapped)")
 
 
+def machine_of(path: str | Path) -> str:
+    """The machine kind a run file's name gives (h200-x2-...: x2), or the file's stem."""
+    found = re.search(r"-(x\d+)", Path(path).name)
+    return found.group(1) if found else Path(path).stem
+
+
+def pool_beyond_share(paths, profile) -> dict[tuple[str, int], list[float]]:
+    """{(machine kind, GPUs): GiB each run's pool held beyond allocated x (1 + its kind's share)}."""
+    mem = profile.memory
+    shares = [(getattr(mem, field) or mem.fragmentation).value for field in memory.FRAGMENTATION_FIELDS]
+    out: dict[tuple[str, int], list[float]] = {}
+    for path in paths:
+        for record in read_records(path):
+            try:
+                run = to_measured_run(record)
+            except ValueError:
+                continue
+            if not run.peak_gpu_mem_gib or not run.peak_gpu_reserved_gib:
+                continue
+            s = run.strategy
+            share = shares[int(memory.fragmentation_index(s.offload_optimizer != "none", s.checkpoint_every > 0))]
+            extra = run.peak_gpu_reserved_gib - run.peak_gpu_mem_gib * (1.0 + share)
+            out.setdefault((machine_of(path), s.gpus), []).append(extra)
+    return out
+
+
+def print_by_gpus(groups: dict[tuple[str, int], list[float]]) -> None:
+    print(f"{'machine':<28}{'GPUs':>5}{'runs':>6}{'median GiB':>12}{'quartiles':>16}")
+    for (machine, gpus), extra in sorted(groups.items()):
+        q1, q2, q3 = np.quantile(extra, [0.25, 0.5, 0.75])
+        print(f"{machine:<28}{gpus:>5}{len(extra):>6}{q2:>+12.2f}{f'{q1:+.2f} {q3:+.2f}':>16}")
+    multi = [x for (_, gpus), extra in groups.items() if gpus > 1 for x in extra]
+    if multi:
+        print(f"\nruns on more than one GPU: {len(multi)}, median {np.median(multi):+.2f} GiB beyond their share "
+              "(memory.collective_pool is the fit's median over its own runs)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", action="append", help="glob of run files (repeatable); default: the shipped runs")
     p.add_argument("--profile", default="h200")
     p.add_argument("--reserved", action="store_true", help="also show reserved memory and the predicted peak")
+    p.add_argument("--by-gpus", action="store_true",
+                   help="the pool beyond each run's share, by the machine its file names and its GPU count")
     p.add_argument("--need", type=Path, help="a scripts/memory_cap.py sweep: what each step needed against the model")
     args = p.parse_args(argv)
 
@@ -123,6 +168,9 @@ def main(argv=None) -> int:
         return 0
     rows, skipped = [], []
     paths = sorted(f for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
+    if args.by_gpus:
+        print_by_gpus(pool_beyond_share(paths, profile))
+        return 0
     for record in gather_records(paths):
         try:
             run = to_measured_run(record)

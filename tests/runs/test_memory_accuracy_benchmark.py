@@ -63,3 +63,24 @@ def test_a_step_seen_to_run_out_in_the_models_pool_is_short():
     assert dataclasses.replace(need, model_pool_gib=11.8).verdict == "open"
     assert dataclasses.replace(need, model_pool_gib=12.0).verdict == "covers"
     assert dataclasses.replace(need, more_than_gib=None, at_most_gib=None).verdict == "open"
+
+
+def test_the_pool_beyond_its_share_splits_by_machine_and_gpu_count():
+    """--by-gpus: on the 2-GPU machine, its one-GPU runs hold about their share and its 2-GPU runs
+    more (data/runs/h200-x2-2026-12-01.jsonl: what memory.collective_pool stands for)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from memory_accuracy import machine_of, pool_beyond_share
+
+    from models.profile import load_profile
+
+    assert machine_of("data/runs/h200-x2-2026-12-01.jsonl") == "x2"
+    assert machine_of("data/runs/h200-x4node.jsonl") == "x4"
+    assert machine_of("data/runs/excluded/sampled-host-bound.jsonl") == "sampled-host-bound"
+    groups = pool_beyond_share([REPO / "data" / "runs" / "h200-x2-2026-12-01.jsonl"], load_profile("h200"))
+    one, two = groups[("x2", 1)], groups[("x2", 2)]
+    assert len(one) >= 5 and len(two) >= 5
+    assert sorted(one)[len(one) // 2] + 1.5 < sorted(two)[len(two) // 2]
+    done = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(REPO / "data/runs/h200-x2-*.jsonl"), "--by-gpus"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "runs on more than one GPU" in done.stdout and re.search(r"^x2\s+2\s+\d+", done.stdout, re.M)
