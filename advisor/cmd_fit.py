@@ -50,7 +50,7 @@ def _format_parameters(rows: list[dict], fragmentation: dict, collective_pool: t
         note = f"fitted to {r['fitted_to']}" if r["informed"] else "kept: no run responds to it"
         lines.append(f"{r['name']:<44}{r['start']:>11.4g}{r['value']:>11.4g}{std:>10}  {note}")
     for name, (value, count) in (fragmentation or {}).items():
-        lines.append(f"{name:<44}{'':>11}{value:>11.4g}{'-':>10}  median reserved/allocated - 1 ({count} one-GPU runs)")
+        lines.append(f"{name:<44}{'':>11}{value:>11.4g}{'-':>10}  median reserved/allocated - 1 ({count} runs)")
     if collective_pool is not None:
         value, count = collective_pool
         lines.append(f"{'memory.collective_pool':<44}{'':>11}{value:>11.4g}{'-':>10}  median GiB beyond the share "
