@@ -115,8 +115,7 @@ def machine_of(path: str | Path) -> str:
 
 def pool_beyond_share(paths, profile) -> dict[tuple[str, int], list[float]]:
     """{(machine kind, GPUs): GiB each run's pool held beyond allocated x (1 + its kind's share)}."""
-    mem = profile.memory
-    shares = [(getattr(mem, field) or mem.fragmentation).value for field in memory.FRAGMENTATION_FIELDS]
+    shares = memory.fragmentation_shares(profile.memory)
     out: dict[tuple[str, int], list[float]] = {}
     for path in paths:
         for record in read_records(path):

@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from models.energy import PHASE_POWER
-from models.memory import FRAGMENTATION_FIELDS, fragmentation_index
+from models.memory import FRAGMENTATION_FIELDS, fragmentation_index, fragmentation_shares
 from models.predict import predict_batch
 from models.profile import FitRecord, HardwareProfile, Quantity
 from models.strategy import Strategy, StrategyBatch
@@ -347,10 +347,13 @@ class ProfileFit:
                 for j, p in enumerate(stage)}
 
     @staticmethod
-    def _fragmentation_field(r: MeasuredRun) -> str:
-        """The fragmentation share a run's pool takes (`models.memory` picks in this order)."""
-        index = fragmentation_index(r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0)
-        return f"memory.{list(FRAGMENTATION_FIELDS)[int(index)]}"
+    def _fragmentation_index(r: MeasuredRun) -> int:
+        """Which fragmentation share a run's pool takes (`models.memory` picks in this order)."""
+        return int(fragmentation_index(r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0))
+
+    @classmethod
+    def _fragmentation_field(cls, r: MeasuredRun) -> str:
+        return f"memory.{list(FRAGMENTATION_FIELDS)[cls._fragmentation_index(r)]}"
 
     @staticmethod
     def _pooled(runs: list[MeasuredRun]) -> list[MeasuredRun]:
@@ -374,12 +377,12 @@ class ProfileFit:
         """What the pool of a step whose ranks exchange data holds beyond its fragmentation share:
         median over runs on more than one GPU of reserved - allocated x (1 + share), GiB, not below 0;
         (value, runs), None without such runs. A share these runs fitted none of is `base`'s."""
+        base_shares = fragmentation_shares(base.memory)
         extra = []
         for r in cls._pooled(runs):
             if r.strategy.gpus > 1:
                 field = cls._fragmentation_field(r)
-                share = fragmentation[field][0] if field in fragmentation else (
-                    getattr(base.memory, field.removeprefix("memory.")) or base.memory.fragmentation).value
+                share = fragmentation[field][0] if field in fragmentation else base_shares[cls._fragmentation_index(r)]
                 extra.append(r.peak_gpu_reserved_gib - r.peak_gpu_mem_gib * (1.0 + share))
         return (max(float(np.median(extra)), 0.0), len(extra)) if extra else None
 

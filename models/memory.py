@@ -100,6 +100,11 @@ def fragmentation_index(offloads_optimizer, checkpointed) -> np.ndarray:
     return np.select([offloads_optimizer, checkpointed], [0, 1], 2)
 
 
+def fragmentation_shares(mem) -> np.ndarray:
+    """A profile's `memory` shares in FRAGMENTATION_FIELDS' order; an absent one takes `fragmentation`."""
+    return np.array([(getattr(mem, field) or mem.fragmentation).value for field in FRAGMENTATION_FIELDS])
+
+
 @dataclass(frozen=True)
 class ModelStates:
     """Parameters, gradients and optimizer state: bytes per GPU, and per rank on the host."""
@@ -339,7 +344,7 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     }
     allocated = np.maximum.reduce([moments[name] for name in MOMENTS])
     mem = profile.memory
-    shares = np.array([(getattr(mem, field) or mem.fragmentation).value for field in FRAGMENTATION_FIELDS])
+    shares = fragmentation_shares(mem)
     collective = mem.collective_pool.value * GIB if mem.collective_pool is not None else 0.0
     reserved = allocated * (1.0 + shares[fragmentation_index(opt_off, n_ck > 0)]) + np.where(n > 1, collective, 0.0)
     peak = reserved + mem.framework_reserved.value * GIB
