@@ -442,6 +442,8 @@ def main(argv=None) -> int:
     p.add_argument("--summary", metavar="FILE", help="print what a drift file says, and exit")
     p.add_argument("--json", action="store_true", help="with --summary: the summary as JSON")
     args = p.parse_args(argv)
+    if args.pin_cycle < 0:
+        p.error(f"--pin-cycle {args.pin_cycle}: a number of cycles, 0 or more")
     if args.summary:
         try:
             path = Path(args.summary)

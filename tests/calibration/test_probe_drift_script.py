@@ -145,6 +145,9 @@ def test_a_bad_file_is_one_line_and_exit_2(tmp_path):
                           timeout=60, cwd=REPO)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "probe_drift:" in done.stderr
+    negative = subprocess.run([sys.executable, str(SCRIPT), "--pin-cycle", "-1", "--out", str(tmp_path / "x.jsonl")],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert negative.returncode == 2 and "--pin-cycle -1" in negative.stderr and not (tmp_path / "x.jsonl").exists()
     missing = subprocess.run([sys.executable, str(SCRIPT), "--summary", str(tmp_path / "none.jsonl")],
                              capture_output=True, text=True, timeout=60, cwd=REPO)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
