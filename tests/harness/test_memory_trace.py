@@ -24,3 +24,24 @@ def test_the_peak_and_who_holds_it():
 
 def test_each_rank_writes_its_own_summary():
     assert summary_name(0) == "memory_trace.json" and summary_name(3) == "memory_trace-rank3.json"
+
+
+def test_the_pool_replayed_names_who_took_segments_and_what_lay_free():
+    from calibration.harness.memory_trace import TraceBaseline, pool_summary
+
+    events = [
+        {"action": "segment_alloc", "addr": 10, "size": 400, "frames": LOSS},   # nothing free: 800 reserved
+        {"action": "alloc", "addr": 1, "size": 400, "frames": LOSS},
+        {"action": "free_completed", "addr": 1, "size": 400},                   # 400 free in the pool
+        {"action": "segment_alloc", "addr": 20, "size": 300, "frames": MODEL},  # 400 free, yet a new one
+        {"action": "alloc", "addr": 2, "size": 300, "frames": MODEL},
+        {"action": "segment_free", "addr": 10, "size": 400},
+        {"action": "free_completed", "addr": 99, "size": 100},                  # allocated before the recording
+    ]
+    s = pool_summary(events, TraceBaseline(allocated_bytes=300, reserved_bytes=400))
+    assert s["peak_reserved_bytes"] == 1100 and s["allocated_at_peak_reserved_bytes"] == 300
+    assert s["segments_taken"] == 2 and s["segment_bytes_taken"] == 700
+    first, second = sorted(s["largest_segments"], key=lambda seg: seg["event"])
+    assert (first["free_in_pool_bytes"], first["allocated_bytes"]) == (100, 300)
+    assert (second["free_in_pool_bytes"], second["allocated_bytes"]) == (500, 300)
+    assert [x["site"] for x in s["segment_sites"]] == ["model.py:250 forward", "model.py:99 forward"]
