@@ -88,21 +88,36 @@ RMSNORM_BYTES_PER_ELEMENT = 2 * FP32 + 2 * BF16
 GEMM_WORKSPACE_BYTES = 2 * 32 * 2**20
 MOMENTS = ("loss", "head", "layer", "reduce", "second_reduce", "end", "step")
 # The allocator's pool over the allocated peak, a profile figure for each kind of step (each the median of
-# the fitted runs of its kind, `models.fit`): profile field -> the runs it is taken over.
-FRAGMENTATION_FIELDS = {"fragmentation_offload": "measured runs with optimizer offload",
-                        "fragmentation_checkpointed": "checkpointed measured runs without optimizer offload",
-                        "fragmentation": "non-checkpointed measured runs without optimizer offload"}
+# the fitted runs of its kind, `models.fit`): profile field -> the runs it is taken over. Offloading
+# steps split by checkpointing: traced (2026-12-04, BW), a checkpointed ZeRO-2 offload step's pool
+# kept the blocks DeepSpeed's initialisation left cached (about twice the bf16 parameters) beside
+# two logits-sized blocks its loss could not fit into them, 1.5-1.6x its small allocated peak; an
+# offload step that keeps its activations filled those blocks, 1.11-1.13x, as steps without offload.
+FRAGMENTATION_FIELDS = {
+    "fragmentation_offload_checkpointed": "checkpointed measured runs with optimizer offload",
+    "fragmentation_offload": "non-checkpointed measured runs with optimizer offload",
+    "fragmentation_checkpointed": "checkpointed measured runs without optimizer offload",
+    "fragmentation": "non-checkpointed measured runs without optimizer offload"}
+# What a profile without a field's own figure takes instead (profiles fitted before offloading
+# steps were split hold one figure for all of them in `fragmentation_offload`).
+FRAGMENTATION_FALLBACK = {"fragmentation_offload_checkpointed": "fragmentation_offload"}
 
 
 def fragmentation_index(offloads_optimizer, checkpointed) -> np.ndarray:
-    """Which of FRAGMENTATION_FIELDS (by position) a step's pool takes: optimizer offload first (it holds
-    the most), then checkpointing."""
-    return np.select([offloads_optimizer, checkpointed], [0, 1], 2)
+    """Which of FRAGMENTATION_FIELDS (by position) a step's pool takes."""
+    return np.select([offloads_optimizer & checkpointed, offloads_optimizer, checkpointed], [0, 1, 2], 3)
 
 
 def fragmentation_shares(mem) -> np.ndarray:
-    """A profile's `memory` shares in FRAGMENTATION_FIELDS' order; an absent one takes `fragmentation`."""
-    return np.array([(getattr(mem, field) or mem.fragmentation).value for field in FRAGMENTATION_FIELDS])
+    """A profile's `memory` shares in FRAGMENTATION_FIELDS' order; an absent one takes its
+    FRAGMENTATION_FALLBACK, else `fragmentation`."""
+    def share(field):
+        value = getattr(mem, field)
+        if value is None and field in FRAGMENTATION_FALLBACK:
+            return share(FRAGMENTATION_FALLBACK[field])
+        return (value or mem.fragmentation).value
+
+    return np.array([share(field) for field in FRAGMENTATION_FIELDS])
 
 
 @dataclass(frozen=True)

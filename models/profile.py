@@ -458,6 +458,7 @@ class MemorySpec(_Strict):
     fragmentation: Fraction
     fragmentation_checkpointed: Fraction | None = None
     fragmentation_offload: Fraction | None = None
+    fragmentation_offload_checkpointed: Fraction | None = None
     collective_pool: GiB | None = None
     host_process_per_rank: GiB = Quantity(
         value=0.0, unit="GiB", source="not measured: fitted from real runs' host memory (neutral value)")
@@ -574,7 +575,8 @@ _MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank", "me
     for width in ("per_hidden", "per_kv", "per_ffn")}  # a width that moves no bytes of its own
 # Fractions that are shares of a whole (the slowdowns and efficiencies may exceed 1: a collective
 # beside compute was measured 87-90% slower on H200).
-_SHARES = ("memory.fragmentation", "memory.fragmentation_checkpointed", "memory.fragmentation_offload")
+_SHARES = ("memory.fragmentation", "memory.fragmentation_checkpointed", "memory.fragmentation_offload",
+           "memory.fragmentation_offload_checkpointed")
 
 
 def _quantities(node: dict, prefix: str = ""):

@@ -41,6 +41,8 @@ def test_what_no_datasheet_states_is_the_reference_s(derived):
         assert q.source.startswith("from the h200 profile") and "no datasheet figure" in q.source
     assert derived.memory.fragmentation_checkpointed.value == h200.memory.fragmentation_checkpointed.value
     assert derived.memory.fragmentation_offload.value == h200.memory.fragmentation_offload.value
+    assert (derived.memory.fragmentation_offload_checkpointed.value
+            == h200.memory.fragmentation_offload_checkpointed.value)
     assert derived.fit is None and derived.provenance.kind == "derived"
     # a layer's elementwise kernels as bytes: the same kernels, at GH200's own HBM bandwidth
     assert derived.gpu.layer_elementwise.per_hidden.value == h200.gpu.layer_elementwise.per_hidden.value

@@ -66,13 +66,18 @@ def test_framework_reserve_and_fragmentation_count_in_the_need():
                                             "memory.fragmentation_checkpointed": 0.25, "memory.collective_pool": 0.0}))
     assert base.peak_gpu_mem_gib == pytest.approx(base.allocated_gpu_mem_gib)
     assert more.peak_gpu_mem_gib == pytest.approx(1.25 * base.allocated_gpu_mem_gib + 3.0)
-    offload = dataclasses.replace(s, offload_optimizer="cpu")  # its own share, checkpointed or not
+    offload = dataclasses.replace(s, offload_optimizer="cpu")  # checkpointed: a share of its own
+    kept = dataclasses.replace(offload, checkpoint_every=0)  # its activations kept: the offload share
     own = profile_with({"memory.framework_reserved": 0.0, "memory.fragmentation": 0.05,
-                        "memory.fragmentation_checkpointed": 0.25, "memory.fragmentation_offload": 0.4,
-                        "memory.collective_pool": 0.0})
-    none = own.model_copy(update={"memory": own.memory.model_copy(update={"fragmentation_offload": None})})
-    for p, share in ((own, 0.4), (none, 0.05)):  # without a share of its own: the plain one
-        pred = predict(W7_32K, offload, p)
+                        "memory.fragmentation_checkpointed": 0.25, "memory.fragmentation_offload": 0.15,
+                        "memory.fragmentation_offload_checkpointed": 0.4, "memory.collective_pool": 0.0})
+    older = own.model_copy(update={"memory": own.memory.model_copy(update={"fragmentation_offload_checkpointed": None})})
+    none = older.model_copy(update={"memory": older.memory.model_copy(update={"fragmentation_offload": None})})
+    # without a share of its own, a checkpointed offload step takes the offload share (a profile fitted
+    # before the split holds one for all offload steps there), without that either the plain one
+    for p, step, share in ((own, offload, 0.4), (own, kept, 0.15), (older, offload, 0.15), (none, offload, 0.05),
+                           (none, kept, 0.05)):
+        pred = predict(W7_32K, step, p)
         assert pred.peak_gpu_mem_gib == pytest.approx((1 + share) * pred.allocated_gpu_mem_gib)
 
 
