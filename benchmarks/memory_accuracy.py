@@ -17,6 +17,10 @@ allocated x (1 + share), GiB, measured allocated) by the machine the run file na
 and the run's GPU count: whether steps on more than one GPU hold more than the share, and whether the
 same machines' one-GPU steps do (`memory.collective_pool`).
 
+`--held-out` predicts each model's runs' reserved pool with the shares and the collective pool taken
+(as `advisor fit` takes them, `models.fit.ProfileFit`) from the other models' runs only: how the
+pool's figures do on a model they were not taken from.
+
 `--need FILE` reads a sweep of `scripts/memory_cap.py` (each setting uncapped, then its pool capped) and
 sets the model's pool beside what each step needed: more than the largest cap it ran out of memory
 in, at most the pool it reached under the smallest cap it ran in.
@@ -38,6 +42,7 @@ from calibration.harness.memory_cap import UNCAPPED, noted_factor  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
 from runs.measured import gather_records, shipped_run_files, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
+from models.fit import ProfileFit, with_memory_nodes, with_values  # noqa: E402
 from models.params import count_params  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
@@ -132,6 +137,32 @@ def pool_beyond_share(paths, profile) -> dict[tuple[str, int], list[float]]:
     return out
 
 
+def held_out_by_model(paths, profile) -> list[tuple[float, str]]:
+    """(relative error of the predicted reserved pool, label) of every run with a pool, its figures
+    taken from the runs of the other models."""
+    runs = []
+    for record in gather_records(paths):
+        try:
+            run = to_measured_run(record)
+        except ValueError:
+            continue
+        if run.peak_gpu_mem_gib and run.peak_gpu_reserved_gib:
+            runs.append(run)
+    out = []
+    for name in sorted({r.workload.arch.name for r in runs}):
+        others = [r for r in runs if r.workload.arch.name != name]
+        shares = ProfileFit._fragmentation(others)
+        pool = ProfileFit._collective_pool(others, shares, profile)
+        values = {field: value for field, (value, _) in shares.items()}
+        values["memory.collective_pool"] = pool[0] if pool else 0.0
+        fold = with_values(with_memory_nodes(profile, values), values)
+        for r in runs:
+            if r.workload.arch.name == name:
+                predicted = predict(r.workload, r.strategy, fold).reserved_gpu_mem_gib
+                out.append((predicted / r.peak_gpu_reserved_gib - 1.0, r.label))
+    return out
+
+
 def print_by_gpus(groups: dict[tuple[str, int], list[float]]) -> None:
     print(f"{'machine':<28}{'GPUs':>5}{'runs':>6}{'median GiB':>12}{'quartiles':>16}")
     for (machine, gpus), extra in sorted(groups.items()):
@@ -150,6 +181,8 @@ def main(argv=None) -> int:
     p.add_argument("--reserved", action="store_true", help="also show reserved memory and the predicted peak")
     p.add_argument("--by-gpus", action="store_true",
                    help="the pool beyond each run's share, by the machine its file names and its GPU count")
+    p.add_argument("--held-out", action="store_true",
+                   help="the reserved pool of each model's runs, its figures taken from the other models' runs")
     p.add_argument("--need", type=Path, help="a scripts/memory_cap.py sweep: what each step needed against the model")
     args = p.parse_args(argv)
 
@@ -169,6 +202,12 @@ def main(argv=None) -> int:
     paths = sorted(f for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
     if args.by_gpus:
         print_by_gpus(pool_beyond_share(paths, profile))
+        return 0
+    if args.held_out:
+        r = np.array([e for e, _ in held_out_by_model(paths, profile)])
+        print(f"{len(r)} runs with a pool, each model held out: reserved MAPE {100 * np.abs(r).mean():.1f}%, "
+              f"within 10%: {int((np.abs(r) <= 0.10).sum())}, under by more than 10%: {int((r < -0.10).sum())}, "
+              f"over by more than 10%: {int((r > 0.10).sum())}")
         return 0
     for record in gather_records(paths):
         try:

@@ -152,6 +152,18 @@ def with_values(profile: HardwareProfile, values: dict[str, float], sources: dic
     return HardwareProfile.model_validate(profile.model_dump()) if validate else profile
 
 
+def with_memory_nodes(profile: HardwareProfile, values: dict[str, float]) -> HardwareProfile:
+    """`profile` with a node for each memory figure in `values` it lacks (a share or the collective
+    pool a profile may go without), so that `with_values` can set it."""
+    memory = profile.memory
+    for field in (*FRAGMENTATION_FIELDS, "collective_pool"):
+        if getattr(memory, field) is None and f"memory.{field}" in values:
+            node = (Quantity(value=0.0, unit="GiB", source="absent") if field == "collective_pool"
+                    else memory.fragmentation)
+            memory = memory.model_copy(update={field: node})
+    return profile.model_copy(update={"memory": memory})
+
+
 @dataclass(frozen=True)
 class RunPredictions:
     """Predictions for a list of runs, in the same order, as arrays."""
@@ -412,19 +424,13 @@ class ProfileFit:
             runs_of_kind = FRAGMENTATION_FIELDS[name.removeprefix("memory.")]
             how[name] = (f"{value:.4g}, median over {count} {runs_of_kind} of torch max_memory_reserved / "
                          "max_memory_allocated - 1")
-        for field in (f for f in FRAGMENTATION_FIELDS if f != "fragmentation"):  # the base figure always has a node
-            if getattr(base.memory, field) is None and f"memory.{field}" in values:
-                base = base.model_copy(update={"memory": base.memory.model_copy(update={
-                    field: base.memory.fragmentation})})  # a node to hold the fitted value
         if self.collective_pool_ is not None:
             value, count = self.collective_pool_
             values["memory.collective_pool"] = value
             how["memory.collective_pool"] = (
                 f"{value:.4g} GiB, median over {count} measured runs on more than one GPU of torch "
                 "max_memory_reserved - max_memory_allocated x (1 + their fragmentation share)")
-            if base.memory.collective_pool is None:
-                base = base.model_copy(update={"memory": base.memory.model_copy(update={
-                    "collective_pool": Quantity(value=0.0, unit="GiB", source="absent")})})  # a node to hold it
+        base = with_memory_nodes(base, values)
         if self.host_process_ is not None:
             values["memory.host_process_per_rank"] = self.host_process_
             how["memory.host_process_per_rank"] = (

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "memory_accuracy.py"
 RUNS = REPO / "data" / "runs" / "h200-x1-llama3-heldout-2026-12-03.jsonl"
@@ -84,3 +86,33 @@ def test_the_pool_beyond_its_share_splits_by_machine_and_gpu_count():
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert "runs on more than one GPU" in done.stdout and re.search(r"^x2\s+2\s+\d+", done.stdout, re.M)
+
+
+def test_each_models_pool_is_predicted_with_figures_taken_from_the_other_models():
+    """--held-out: a model's runs take their kind's share from the other models' runs only. The
+    held-out offload sweep (data/runs/h200-x1-pool-offload-heldout-2026-12-04.jsonl) has one run per
+    model, four of them offload steps that keep their activations."""
+    import statistics
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from memory_accuracy import held_out_by_model
+
+    from models.profile import load_profile
+    from runs.jsonl import read_records
+    from runs.measured import to_measured_run
+
+    path = REPO / "data" / "runs" / "h200-x1-pool-offload-heldout-2026-12-04.jsonl"
+    runs = [to_measured_run(r) for r in read_records(path)]
+    kept = [r for r in runs if r.strategy.checkpoint_every == 0]
+    assert len(runs) == 8 and len(kept) == 4 and len({r.workload.arch.name for r in runs}) == 8
+    errors = dict((label, e) for e, label in held_out_by_model([path], load_profile("h200")))
+    assert set(errors) == {r.label for r in runs}
+    for r in kept:
+        share = statistics.median(o.peak_gpu_reserved_gib / o.peak_gpu_mem_gib - 1 for o in kept if o is not r)
+        own = r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib - 1
+        assert share != own
+        assert 1 + errors[r.label] == pytest.approx((1 + share) * r.peak_gpu_mem_gib / r.peak_gpu_reserved_gib, rel=0.01)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(path), "--held-out"], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("8 runs with a pool, each model held out")
