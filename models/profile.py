@@ -441,16 +441,21 @@ class Overheads(_Strict):
 
 class MemorySpec(_Strict):
     """GPU memory beyond what tensors allocate. torch's caching allocator reserves more than the
-    peak allocation: `fragmentation` is that excess as a share of it, `fragmentation_offload` the same
-    for steps that keep the optimizer on the CPU, whose gradient transfers allocate and free staging
-    and casts bucket by bucket, and `fragmentation_checkpointed` for the other checkpointed steps,
-    whose recomputation allocates and frees a layer's activations at a time. On H200 (315 fitted
-    runs) the pool sat 32% above the peak allocation at the median with offload (68 runs), 20%
-    checkpointed without it (132) and 16% with neither (115); when offload runs counted among the
-    checkpointed ones, that figure read 27%. None takes `fragmentation`. `collective_pool` is what the
-    pool holds beyond those shares in a step whose ranks exchange data (more than one GPU), in GiB, not
-    a share: the 35 fitted runs on 2 and 4 GPUs held a median 2.75 GiB more, across ZeRO stages and dp/sp
-    splits, where one-GPU steps on the same hosts held none (why is not measured); None: nothing. `framework_reserved` is device memory outside torch's pool
+    peak allocation: `fragmentation` is that excess as a share of it for steps that neither offload
+    the optimizer nor checkpoint, `fragmentation_checkpointed` for checkpointed steps, whose
+    recomputation allocates and frees a layer's activations at a time, and for steps that keep the
+    optimizer on the CPU `fragmentation_offload` (activations kept) and
+    `fragmentation_offload_checkpointed`. The last holds the most: traced on H200, ZeRO-1/2's
+    initialisation leaves about twice the bf16 parameters cached, which a checkpointed offload
+    step's small activations do not fill, and its loss and fp64 norm casts take blocks beside it. On
+    H200 (315 fitted runs) the pool sat at the median 37% above the peak allocation with offload and
+    checkpointing (58 runs), 16% with offload alone (10), 20% checkpointed without offload (132) and
+    16% with neither (115). None takes `fragmentation` (`fragmentation_offload_checkpointed`:
+    `fragmentation_offload` first, the one offload figure of profiles fitted before the split).
+    `collective_pool` is what the pool holds beyond those shares in a step whose ranks exchange data
+    (more than one GPU), in GiB, not a share: the 35 fitted runs on 2 and 4 GPUs held a median 2.54
+    GiB more, across ZeRO stages and dp/sp splits, where one-GPU steps on the same hosts held none (why
+    is not measured); None: nothing. `framework_reserved` is device memory outside torch's pool
     (CUDA context, NCCL, cuBLAS). `host_process_per_rank` is each training process's host memory
     before any offload (the CUDA context, PyTorch, DeepSpeed, the data): about 1.8 GiB on H200 hosts."""
 
