@@ -40,6 +40,20 @@ class Measurement:
     cpu_energy_estimated: bool
     gpu_power_avg_w: dict[int, float] | None
 
+    @classmethod
+    def summed(cls, parts: list["Measurement"]) -> "Measurement":
+        """One window measured in stretches (the harness pauses it to probe the host): times and
+        energies added, power over the stretches' time; a figure any stretch lacks is lacking."""
+        if len(parts) == 1:
+            return parts[0]
+        time_s = sum(m.time_s for m in parts)
+        gpu = None
+        if all(m.gpu_energy_j is not None for m in parts):
+            gpu = {i: sum(m.gpu_energy_j[i] for m in parts) for i in parts[0].gpu_energy_j}
+        cpu = sum(m.cpu_energy_j for m in parts) if all(m.cpu_energy_j is not None for m in parts) else None
+        power = {i: j / time_s for i, j in gpu.items()} if gpu is not None and time_s > 0 else None
+        return cls(parts[0].name, time_s, gpu, cpu, any(m.cpu_energy_estimated for m in parts), power)
+
 
 class NullGpuMeter(GpuMeter):
     """No GPU energy meter: reads are None, and the first use warns how to fix it."""

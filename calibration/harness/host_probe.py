@@ -90,6 +90,18 @@ def reprobe_issue(device, sync) -> float | None:
     return _issue_us(device, sync)[0]
 
 
+def issue_between_steps(device, sync) -> float | None:
+    """This rank's issue time in one round (about 50 ms on a lent H200 slice), for a probe within the
+    measured window (`MeasuredWindow.between_steps`): several such, each between two stretches of
+    steps, read the host the steps ran on; None where it fails."""
+    from calibration.microbench.cpu import issue_rounds_us_per_layer
+
+    try:
+        return issue_rounds_us_per_layer(device, sync, 1)[0]
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _slowest(issue_per_rank: list[float | None] | None) -> float | None:
     """The slowest rank's issue time (a step waits for it); None unless every rank took it."""
     issue = issue_per_rank or [None]
@@ -97,16 +109,20 @@ def _slowest(issue_per_rank: list[float | None] | None) -> float | None:
 
 
 def combine(per_rank: list[dict], issue_after_per_rank: list[float | None] | None = None,
-            issue_window_start_per_rank: list[float | None] | None = None) -> dict:
+            issue_window_start_per_rank: list[float | None] | None = None,
+            issue_in_window_per_rank: list[list[float | None]] | None = None) -> dict:
     """The job's host probe: the slowest rank's rates (a step waits for it), and each rank's; a rate
     that any rank could not measure is None. `issue_us_per_layer_window_start` and
     `issue_us_per_layer_after` are the slowest rank's issue time right before and right after the
-    measured window, where every rank took it."""
+    measured window, where every rank took it; `issue_us_per_layer_in_window` the slowest rank's at
+    each probe within the window (every rank probes after the same steps)."""
     adam = [r["cpu_adam_params_per_s"] for r in per_rank]
+    in_window = [_slowest(list(each)) for each in zip(*issue_in_window_per_rank)] if issue_in_window_per_rank else []
     return {
         "issue_us_per_layer": _slowest([r["issue_us_per_layer"] for r in per_rank]),
         "issue_us_per_layer_window_start": _slowest(issue_window_start_per_rank),
         "issue_us_per_layer_after": _slowest(issue_after_per_rank),
+        "issue_us_per_layer_in_window": in_window,
         # Probes time torch's own linear, not the one deepspeed.zero.Init leaves behind
         # (calibration.microbench.cpu.torch_own_linear); records without this took ZeRO-3's after-probe
         # through DeepSpeed's wrapper.

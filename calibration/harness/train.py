@@ -43,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run more steps until the mean step time's relative standard error is this small")
     p.add_argument("--max-window-s", type=float, default=w.max_window_s,
                    help="no more steps for precision after this long")
+    p.add_argument("--probe-every-s", type=float, default=w.probe_every_s,
+                   help="probe the host between steps this often within the window, on no step's clock (0: never)")
     p.add_argument("--out", required=True, help="result JSON path (written by rank 0)")
     vision = p.add_mutually_exclusive_group()
     vision.add_argument("--images", type=int, default=0, help="images per sample")
@@ -218,7 +220,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         adjustments.append(MEMORY_TRACE_ADJUSTMENT)
     monitor = energy_monitor([local_rank] if cuda else [], sync)
     settings = WindowSettings(warmup=args.warmup, steps=args.steps, min_window_s=args.min_window_s,
-                              max_steps=args.max_steps, precision=args.precision, max_window_s=args.max_window_s)
+                              max_steps=args.max_steps, precision=args.precision, max_window_s=args.max_window_s,
+                              probe_every_s=args.probe_every_s)
     issue_at_window = []  # the host's issue time right before the window: the probe before the model is far earlier
 
     def probe_before_window():
@@ -226,7 +229,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         coordinator.start()
 
     window = MeasuredWindow(settings, monitor, sync, torch_agree(device), process_tree_cpu_s,
-                            before_window=probe_before_window)
+                            before_window=probe_before_window,
+                            between_steps=lambda: host_probe.issue_between_steps(device, sync))
     losses = []
     while True:
         losses.append(step())
@@ -253,8 +257,10 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     if step_profile.wanted():  # after the window's numbers are taken: the profilers cost them nothing
         step_profile.profile_steps(step, sync, rank == 0, "step_profile.json", cuda)
     gathered = [None] * world
-    dist.all_gather_object(gathered, (mine, issue_after, issue_at_window[0] if issue_at_window else None))
+    dist.all_gather_object(gathered, (mine, issue_after, issue_at_window[0] if issue_at_window else None,
+                                      window.issue_in_window_us))
     everyone, issues_after, issues_at_window = [g[0] for g in gathered], [g[1] for g in gathered], [g[2] for g in gathered]
+    issues_in_window = [g[3] for g in gathered]
     optimizer_names = (type(engine.basic_optimizer).__name__, type(engine.optimizer).__name__)
     engine.destroy()
     timeline.mark("gathered")
@@ -270,7 +276,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         loss_first=losses[0],
         loss_last=losses[-1],
         cpu_threads_per_rank=torch.get_num_threads(),
-        host_probe=host_probe.combine(probes, issues_after, issues_at_window),
+        host_probe=host_probe.combine(probes, issues_after, issues_at_window, issues_in_window),
         config_adjustments=adjustments,
         timeline_s=timeline.marks,
         layout={

@@ -12,6 +12,12 @@ steps agree with each other and still miss; on lent H200 slices a host-bound win
 by 9-15% (sd in log) at 2 s, 5-9% at 10 s and 3-7% at 20 s (scripts/probe_drift.py, 2026-12-04), and
 `runs.record.relative_sem` counts host spells, not steps.
 
+Why probes within the window: a host-bound step's mean over a window followed the host probes taken
+within it (correlation 0.76-0.90 on lent H200 slices) and hardly those right before and after it
+(0.17-0.53), which were all a run took. With `between_steps` (the harness's host probe) the window
+stops its clocks every `probe_every_s`, probes, and goes on: each probe sits between two segments of
+steps, on no step's clock and in no segment's energy, and `issue_in_window_us` keeps what each read.
+
 Every rank calls `step_done()` after each optimizer step. The ranks agree on when the window ends
 (one all-reduce per decision, only at the step count where it may end), since every step holds
 collectives and a rank that stopped alone would hang the others. Then `rank_summary()` is one
@@ -27,6 +33,7 @@ from typing import Callable
 
 from calibration.harness.host_noise import HostNoise
 from calibration.harness.shared_host_memory import SharedPeak
+from calibration.meters import Measurement
 from runs.record import HOST_SPELL_S, relative_sem
 
 GIB = 2**30
@@ -44,6 +51,7 @@ class WindowSettings:
     max_steps: int = 1000  # a 20 ms step fills the minimum
     precision: float = 0.02  # the mean step time's relative standard error to reach
     max_window_s: float = 30.0  # no more steps for precision after this long
+    probe_every_s: float = HOST_SPELL_S  # a host probe between steps this often, where the run gives one; 0: none
 
     def precise_enough(self, rel_sem: float) -> bool:
         """Whether a mean step time known to `rel_sem` (runs.record.relative_sem) needs no more steps."""
@@ -71,13 +79,21 @@ class MeasuredWindow:
     `agree(value, "max" | "min")` reduces a number over the ranks (identity on one rank); `sync`
     waits for the GPU; `monitor` is a `calibration.meters.EnergyMonitor` (or stands in for one);
     `before_window`, where given, runs once between the warm-up and the window (the host probe), on
-    no step's clock."""
+    no step's clock; `between_steps`, where given, probes the host within the window every
+    `probe_every_s` (as many steps as that takes at the slowest warm-up step: every rank probes after
+    the same step) and returns what it read, on no step's clock and outside the window's energy."""
 
     def __init__(self, settings: WindowSettings, monitor, sync: Callable[[], None],
                  agree: Callable[[float, str], float], cpu_seconds: Callable[[], float],
-                 before_window: Callable[[], None] | None = None):
+                 before_window: Callable[[], None] | None = None,
+                 between_steps: Callable[[], float | None] | None = None):
         self.settings = settings
         self.before_window = before_window
+        self.between_steps = between_steps if settings.probe_every_s > 0 else None
+        self.issue_in_window_us: list[float | None] = []
+        self.probe_every_steps: int | None = None  # set from the slowest warm-up (or first) step
+        self._segments = []  # the window's energy, one Measurement a stretch of steps between probes
+        self._probes_s = self._probes_cpu_s = 0.0
         self.warmup = settings.warmup
         self.monitor, self.sync, self.agree, self.cpu_seconds = monitor, sync, agree, cpu_seconds
         self.warmup_done = 0
@@ -106,10 +122,16 @@ class MeasuredWindow:
             return False
         self.step_times_s.append(took)
         self.host_noise.lap()
+        if self.between_steps is not None:
+            if self.probe_every_steps is None:
+                self._set_probe_pace(took)
+            if len(self.step_times_s) % self.probe_every_steps == 0:
+                self._probe()
+                now = self._last
         if len(self.step_times_s) < self.target:
             return False
         s, n = self.settings, len(self.step_times_s)
-        elapsed = self.agree(now - self._start, "min")
+        elapsed = self.agree(now - self._start - self._probes_s, "min")
         pace = elapsed / n
         if n < s.max_steps and elapsed < s.min_window_s:  # the warm-up step was slower than these: top up
             self.target = min(s.max_steps, n + math.ceil((s.min_window_s - elapsed) / pace))
@@ -133,16 +155,35 @@ class MeasuredWindow:
             slowest = self.agree(last_warmup_s, "max")
             s = self.settings
             self.target = max(s.steps, min(s.max_steps, math.ceil(s.min_window_s / slowest)))
+            if self.between_steps is not None:
+                self._set_probe_pace(last_warmup_s)
         self._cpu_before = self.cpu_seconds()
         self.monitor.begin_window("measured")
         self.host_noise.start()
         self._start = self._last = time.perf_counter()
 
+    def _set_probe_pace(self, step_s: float) -> None:
+        """Probe every this many steps: `probe_every_s` at the slowest rank's step (every rank agrees)."""
+        self.probe_every_steps = max(1, round(self.settings.probe_every_s / self.agree(step_s, "max")))
+
+    def _probe(self) -> None:
+        """Close the stretch of steps, probe the host, open the next: the probe's time, CPU and energy
+        are nobody's."""
+        self._segments.append(self.monitor.end_window("measured"))
+        started, cpu_started = time.perf_counter(), self.cpu_seconds()
+        self.issue_in_window_us.append(self.between_steps())
+        self.sync()
+        self._probes_cpu_s += self.cpu_seconds() - cpu_started
+        self.monitor.begin_window("measured")
+        self.host_noise.start()
+        self._last = time.perf_counter()
+        self._probes_s += self._last - started
+
     def _end(self, now: float) -> None:
         self.host_noise.close()
-        self.measurement = self.monitor.end_window("measured")
-        self.window_s = now - self._start
-        self.cpu_s = self.cpu_seconds() - self._cpu_before
+        self.measurement = Measurement.summed([*self._segments, self.monitor.end_window("measured")])
+        self.window_s = now - self._start - self._probes_s
+        self.cpu_s = self.cpu_seconds() - self._cpu_before - self._probes_cpu_s
 
     def rank_summary(self, rank: int, local_rank: int, peak_alloc: int | None, peak_reserved: int | None,
                      host_peak: int, host_baseline: int | None, host_shared: SharedPeak | None = None,

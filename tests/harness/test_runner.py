@@ -35,6 +35,7 @@ def check_measured(result: RunResult, steps: int, world: int):
     assert 0 < probe["issue_us_per_layer_window_start"] < 1e5  # right before the window
     assert 0 < probe["issue_us_per_layer_after"] < 1e5  # and again after it
     assert probe["issue_probe_linear"] == "torch"  # not the linear deepspeed.zero.Init leaves behind
+    assert all(0 < us < 1e5 for us in probe["issue_us_per_layer_in_window"])  # probes between steps, if any
     assert result.machine["boot_id"]  # the machine's boot, which its runs' probes are pooled over
     assert probe["cpu_adam_params_per_s"] is None and probe["threads"] == result.cpu_threads_per_rank
 
@@ -81,8 +82,13 @@ def test_ulysses_on_two_ranks_with_zero3_checkpointing_and_video(tmp_path, tiny_
     """torchrun with two ranks on gloo: DeepSpeed's all-to-all works there, so sp=2 is tested."""
     c = Candidate(model=tiny_vl_model, seq_len=64, ds_config=ds_config(3, sp=2, checkpoint=True), gpus=2,
                   frames=4, freeze_vision=False)
-    result = run_candidate(c, tmp_path, QUICK)
+    probing = RunSettings(WindowSettings(warmup=1, steps=2, min_window_s=0.0, precision=0.0, probe_every_s=1e-6),
+                          timeout_s=180)
+    result = run_candidate(c, tmp_path, probing)
     check_measured(result, steps=2, world=2)
+    # both ranks probed the host after each step, on no step's clock: the slowest rank's each time
+    assert len(result.host_probe["issue_us_per_layer_in_window"]) == 2
+    assert result.window_s < sum(result.step_times_s) + 0.05
     assert result.layout["sp"] == 2 and result.layout["dp"] == 1 and result.layout["checkpoint_every"] == 1
     assert result.layout["zero_stage"] == 3 and result.layout["engine_optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
     assert result.layout["vision_groups_rank0"] == 1  # 2 groups at 0 and 32: one per shard

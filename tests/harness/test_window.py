@@ -82,6 +82,48 @@ def test_the_probe_before_the_window_runs_once_after_the_warmup_on_no_steps_cloc
     assert w.step_times_s == [0.5, 0.5, 0.5] and w.window_s == pytest.approx(1.5)
 
 
+def test_probes_within_the_window_are_on_no_steps_clock_and_in_no_energy(monkeypatch):
+    """Every `probe_every_s` at the slowest warm-up step, the window closes its stretch of steps,
+    probes and opens the next: the steps' time, the window's and its energy leave the probes out."""
+    from calibration.meters import Measurement
+
+    clock, watts = {"now": 0.0, "joules": 0.0}, {"step": 500.0, "probe": 100.0}
+    monkeypatch.setattr(window_module.time, "perf_counter", lambda: clock["now"])
+
+    def advance(seconds, kind):
+        clock["now"] += seconds
+        clock["joules"] += seconds * watts[kind]
+
+    class Meter:
+        def begin_window(self, name):
+            self.start = (clock["now"], clock["joules"])
+
+        def end_window(self, name):
+            t0, j0 = self.start
+            return Measurement(name, clock["now"] - t0, {0: clock["joules"] - j0}, None, False, None)
+
+    probes = []
+
+    def probe():
+        advance(0.3, "probe")
+        probes.append(clock["now"])
+        return 150.0
+
+    w = MeasuredWindow(WindowSettings(warmup=1, steps=3, min_window_s=4.0, precision=0.0, probe_every_s=1.0), Meter(),
+                       sync=lambda: None, agree=lambda value, op: value, cpu_seconds=lambda: 0.0, between_steps=probe)
+    for _ in range(100):
+        advance(0.5, "step")
+        if w.step_done():
+            break
+    assert w.probe_every_steps == 2 and w.step_times_s == pytest.approx([0.5] * 8)  # 4 s of 0.5-s steps
+    assert w.issue_in_window_us == [150.0] * 4 and len(probes) == 4  # after every second step
+    assert w.window_s == pytest.approx(4.0) and w.measurement.time_s == pytest.approx(4.0)
+    assert w.measurement.gpu_energy_j[0] == pytest.approx(4.0 * 500.0)  # the probes' 120 J are nobody's
+    unprobed = MeasuredWindow(WindowSettings(warmup=1, probe_every_s=0.0), Meter(), sync=lambda: None,
+                              agree=lambda value, op: value, cpu_seconds=lambda: 0.0, between_steps=probe)
+    assert unprobed.between_steps is None  # 0: no probe within the window
+
+
 def test_settings_travel_through_the_environment_and_the_harness_options():
     s = WindowSettings(warmup=1, steps=4, min_window_s=2.5, max_steps=7, precision=0.05, max_window_s=9.0)
     assert WindowSettings.from_env(s.env()) == s
