@@ -80,8 +80,8 @@ class MeasuredWindow:
     waits for the GPU; `monitor` is a `calibration.meters.EnergyMonitor` (or stands in for one);
     `before_window`, where given, runs once between the warm-up and the window (the host probe), on
     no step's clock; `between_steps`, where given, probes the host within the window every
-    `probe_every_s` (as many steps as that takes at the slowest warm-up step: every rank probes after
-    the same step) and returns what it read, on no step's clock and outside the window's energy."""
+    `probe_every_s` (as many steps as that takes at the slowest rank's first measured step: every rank
+    probes after the same step) and returns what it read, on no step's clock and outside the window's energy."""
 
     def __init__(self, settings: WindowSettings, monitor, sync: Callable[[], None],
                  agree: Callable[[float, str], float], cpu_seconds: Callable[[], float],
@@ -91,7 +91,7 @@ class MeasuredWindow:
         self.before_window = before_window
         self.between_steps = between_steps if settings.probe_every_s > 0 else None
         self.issue_in_window_us: list[float | None] = []
-        self.probe_every_steps: int | None = None  # set from the slowest warm-up (or first) step
+        self.probe_every_steps: int | None = None  # set at the first measured step
         self._segments = []  # the window's energy, one Measurement a stretch of steps between probes
         self._probes_s = self._probes_cpu_s = 0.0
         self.warmup = settings.warmup
@@ -155,15 +155,15 @@ class MeasuredWindow:
             slowest = self.agree(last_warmup_s, "max")
             s = self.settings
             self.target = max(s.steps, min(s.max_steps, math.ceil(s.min_window_s / slowest)))
-            if self.between_steps is not None:
-                self._set_probe_pace(last_warmup_s)
         self._cpu_before = self.cpu_seconds()
         self.monitor.begin_window("measured")
         self.host_noise.start()
         self._start = self._last = time.perf_counter()
 
     def _set_probe_pace(self, step_s: float) -> None:
-        """Probe every this many steps: `probe_every_s` at the slowest rank's step (every rank agrees)."""
+        """Probe every this many steps: `probe_every_s` at the slowest rank's first measured step (every
+        rank agrees). Not the warm-up's: a ZeRO-3 warm-up step ran several times a measured one on H200,
+        and the window probed after every step."""
         self.probe_every_steps = max(1, round(self.settings.probe_every_s / self.agree(step_s, "max")))
 
     def _probe(self) -> None:
