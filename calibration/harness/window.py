@@ -18,8 +18,9 @@ within it (correlation 0.76-0.90 on lent H200 slices) and hardly those right bef
 stops its clocks every `probe_every_s`, probes, and goes on: each probe sits between two segments of
 steps, on no step's clock and in no segment's energy, and `issue_in_window_us` keeps what each read.
 NVML's energy counter moves every 100 ms, so a stretch's edges are read up to a tick late: each probe
-leaves about 50 ms of its own energy in the window and takes as much of the steps' out (at 2 s a probe
-and a host-bound step's 170-300 W against a probe's ~150, well under 1% of the window's energy).
+leaves about 50 ms of its own energy in the window and takes as much of the steps' out: at a probe
+every 2 s, 2.5% of the window's energy times the relative difference between the steps' power and the
+probe's (not measured; the probe's kernels are tiny, so it draws less than the steps).
 
 Every rank calls `step_done()` after each optimizer step. The ranks agree on when the window ends
 (one all-reduce per decision, only at the step count where it may end), since every step holds
