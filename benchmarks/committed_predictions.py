@@ -12,7 +12,8 @@ Each `data/sweeps/NAME.predicted.jsonl` was committed before its runs were made 
 the order); its keys are matched with the first measured record made after that commit, in
 `data/runs/` (the fit's files and `excluded/`). These are
 the out-of-sample errors of the model as it stood at that commit, apart from leave-one-out
-(benchmarks/accuracy.py). Errors are 100 (predicted - measured) / measured.
+(benchmarks/accuracy.py). Errors are 100 (predicted - measured) / measured. The reserved pool is
+compared where torch's allocator ran as by default (`runs.measured.default_allocator_reserved_gib`).
 """
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from runs.jsonl import read_records  # noqa: E402
-from runs.measured import shipped_run_files  # noqa: E402
+from runs.measured import default_allocator_reserved_gib, shipped_run_files  # noqa: E402
 
 THREAD_TEST_BOUND_PCT = 15.0  # issue #12: each of the pair predicted within 15%
-METRICS = (("step time", "step_time_s", "step_time_s"), ("GPU energy", "gpu_energy_j", "gpu_energy_j"),
-           ("allocated memory", "allocated_gpu_mem_gib", "peak_gpu_mem_gib"))
+# (column, prediction's field, the measured figure of a record's result)
+METRICS = (("step time", "step_time_s", lambda r: r.step_time_s), ("GPU energy", "gpu_energy_j", lambda r: r.gpu_energy_j),
+           ("allocated memory", "allocated_gpu_mem_gib", lambda r: r.peak_gpu_mem_gib),
+           ("reserved pool", "reserved_gpu_mem_gib", default_allocator_reserved_gib))
 
 
 def shipped_records() -> list:
@@ -110,8 +113,8 @@ def sweep_errors(predicted_path: Path, records: list) -> dict:
         if record is None or not row.get("prediction"):
             continue
         errors = {}
-        for name, pkey, mkey in METRICS:
-            p, m = row["prediction"].get(pkey), getattr(record.result, mkey)
+        for name, pkey, measured in METRICS:
+            p, m = row["prediction"].get(pkey), measured(record.result)
             errors[name] = None if p is None or not m else 100.0 * (p - m) / m
         strategy = record.candidate.strategy or {}
         runs.append({"label": row["label"], "errors_pct": errors, "threads": record.result.cpu_threads_per_rank,
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
     for res in results:
         cells = [f"{s['mape_pct']:.1f} / {s['worst_pct']:+.1f}" if s else "-" for s in res["summary"].values()]
         table.add_row(res["sweep"], f"{res['measured']} of {res['predicted']}", *cells)
-    console = Console(width=max(120, Console().width))
+    console = Console(width=max(150, Console().width))
     console.print(table)
     if any(not res["measured"] for res in results):
         console.print("A sweep with no run matched predates the run labels of today's records: "

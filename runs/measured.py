@@ -104,12 +104,17 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
                         train_vision=not c.freeze_vision, loss_dtype=c.loss_dtype)
     energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
     issue_us = probed_issue_us(r.host_probe, c.zero_stage)
-    # The model's reserved pool is the default caching allocator's; another setting's (expandable
-    # segments: data/runs/README.md) says nothing about it.
-    reserved = r.peak_gpu_reserved_gib if not r.machine.get("cuda_alloc_conf") else None
+    reserved = default_allocator_reserved_gib(r)
     return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
                        reserved, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy),
                        host_issue_per_layer_s=issue_us * 1e-6 if issue_us else None)
+
+
+def default_allocator_reserved_gib(result: RunResult) -> float | None:
+    """The run's reserved pool where torch's caching allocator ran as it does by default, the pool the
+    model predicts; None where it was not measured or another allocator setting ran (expandable
+    segments about halved the excess on H200: data/runs/README.md)."""
+    return result.peak_gpu_reserved_gib if not result.machine.get("cuda_alloc_conf") else None
 
 
 def mean_of_repeats(records: list[RunRecord]) -> RunRecord:
