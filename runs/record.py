@@ -85,6 +85,14 @@ def probed_issue_us(host_probe: dict | None, zero_stage: int | None) -> float | 
     return math.sqrt(before * after) if after else before
 
 
+def window_issue_us(host_probe: dict | None) -> float | None:
+    """The host's issue time as the probes taken within the measured window read it (us a layer):
+    their median, where at least two read it; None for a run probed only around its window. Not what
+    the fit reads yet (`probed_issue_us`): `benchmarks/window_probes.py` compares the two."""
+    readings = [us for us in (host_probe or {}).get("issue_us_per_layer_in_window") or [] if us]
+    return statistics.median(readings) if len(readings) >= 2 else None
+
+
 def probes_bracket_window(host_probe: dict | None, zero_stage: int | None) -> bool:
     """Whether the run's issue time was probed on both sides of its measured window (`_issue_probes`)."""
     return _issue_probes(host_probe, zero_stage)[1] is not None
