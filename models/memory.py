@@ -91,7 +91,7 @@ MOMENTS = ("loss", "head", "layer", "reduce", "second_reduce", "end", "step")
 # the fitted runs of its kind, `models.fit`): profile field -> the runs it is taken over. Offloading
 # steps split by checkpointing: traced (2026-12-04, BW), a checkpointed ZeRO-2 offload step's pool
 # kept the blocks DeepSpeed's initialisation left cached (about twice the bf16 parameters) beside
-# two logits-sized blocks its loss could not fit into them, 1.5-1.6x its small allocated peak; an
+# logits-sized blocks its loss could not fit into them, 1.57-1.64x its small allocated peak; an
 # offload step that keeps its activations filled those blocks, 1.11-1.13x, as steps without offload.
 FRAGMENTATION_FIELDS = {
     "fragmentation_offload_checkpointed": "checkpointed measured runs with optimizer offload",
