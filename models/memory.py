@@ -92,7 +92,7 @@ MOMENTS = ("loss", "head", "layer", "reduce", "second_reduce", "end", "step")
 # steps split by checkpointing: traced (2026-12-04, BW), a checkpointed ZeRO-2 offload step's pool
 # kept the blocks DeepSpeed's initialisation left cached (about twice the bf16 parameters) beside
 # logits-sized blocks its loss could not fit into them, 1.57-1.64x its small allocated peak; an
-# offload step that keeps its activations filled those blocks, 1.11-1.13x, as steps without offload.
+# offload step that keeps its activations filled those blocks, 1.11-1.15x (BW, BX), as steps without offload.
 FRAGMENTATION_FIELDS = {
     "fragmentation_offload_checkpointed": "checkpointed measured runs with optimizer offload",
     "fragmentation_offload": "non-checkpointed measured runs with optimizer offload",
