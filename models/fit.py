@@ -171,6 +171,7 @@ class RunPredictions:
     step_time_s: np.ndarray
     gpu_energy_j: np.ndarray
     allocated_gpu_mem_gib: np.ndarray
+    reserved_gpu_mem_gib: np.ndarray
     phase_time_s: dict[str, np.ndarray]
 
 
@@ -187,14 +188,15 @@ class RunEvaluator:
                          np.asarray(idx)) for (w, _), idx in groups.items()]
 
     def __call__(self, profile: HardwareProfile) -> RunPredictions:
-        step, energy, alloc = np.empty(self.n), np.empty(self.n), np.empty(self.n)
+        step, energy, alloc, reserved = (np.empty(self.n) for _ in range(4))
         phases: dict[str, np.ndarray] = {}
         for workload, first, batch, idx in self._groups:
             p = predict_batch(workload, batch, first.on_its_host(profile))
             step[idx], energy[idx], alloc[idx] = p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib
+            reserved[idx] = p.reserved_gpu_mem_gib
             for name, values in p.phase_time_s.items():
                 phases.setdefault(name, np.zeros(self.n))[idx] = values
-        return RunPredictions(step, energy, alloc, phases)
+        return RunPredictions(step, energy, alloc, reserved, phases)
 
 
 def log_ratio(predicted: np.ndarray, measured: np.ndarray, bad: float = 5.0) -> np.ndarray:

@@ -24,6 +24,7 @@ class HeldOutPrediction:
     step_time_s: float
     gpu_energy_j: float
     allocated_gpu_mem_gib: float
+    reserved_gpu_mem_gib: float
     profile: HardwareProfile = field(repr=False)
 
 
@@ -78,7 +79,8 @@ def _warm_start(runs: list[MeasuredRun], base_profile: HardwareProfile, estimato
 def _predicted(run: MeasuredRun, profile: HardwareProfile) -> HeldOutPrediction:
     """`run` predicted by `profile` on the host the run probed."""
     p = predict(run.workload, run.strategy, run.on_its_host(profile))
-    return HeldOutPrediction(run, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, profile)
+    return HeldOutPrediction(run, p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib, p.reserved_gpu_mem_gib,
+                             profile)
 
 
 def k_fold(runs: list[MeasuredRun], base_profile: HardwareProfile, folds: int, estimator: ProfileFit | None = None,

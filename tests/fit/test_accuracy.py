@@ -98,3 +98,26 @@ def test_a_held_out_comparison_carries_the_host_share_a_user_would_see(small_run
     (c,) = compare_as_is(small_runs[:1], profile)
     assert c.host_share == pytest.approx(predict(c.run.workload, c.run.strategy, profile).host_share)
     assert 0.0 <= c.host_share <= 1.0
+
+
+def test_the_reserved_pool_is_compared_with_torchs_and_held_to_ten_percent(small_runs):
+    """Issue 12's target: the predicted pool within 10% of max_memory_reserved, where a run measured it
+    (a run without a pool, or a prediction without one, is not counted as zero)."""
+    r = small_runs[0]
+
+    def pooled(measured_gib, predicted_gib):
+        run = dataclasses.replace(r, peak_gpu_reserved_gib=measured_gib)
+        return dataclasses.replace(_compared(run, 1.0, 100.0, 10.0, 1.0, 100.0, 10.0), reserved_gpu_mem_gib=predicted_gib)
+
+    compared = [pooled(12.0, 12.6), pooled(20.0, 16.0), pooled(None, 9.0), pooled(15.0, float("nan"))]
+    stats = error_stats(compared, "reserved")
+    assert stats.n == 2 and stats.max_abs == pytest.approx(0.20) and stats.mape == pytest.approx(0.125)
+    report = accuracy_report(compared, "as-is", "t")
+    target = next(t for t in report.targets if t.name.startswith("worst reserved pool error"))
+    assert target.verdict == "MISS" and target.value == pytest.approx(0.20)
+    assert report.to_dict()["families"][0]["reserved_gpu_mem"]["n"] == 2
+    assert "worst reserved pool" in format_report(report)
+    fits = accuracy_report(compared[:1], "as-is", "t")
+    assert next(t for t in fits.targets if t.name.startswith("worst reserved pool error")).verdict == "PASS"
+    assert next(t for t in accuracy_report(compared[2:3], "as-is", "t").targets
+                if t.name.startswith("worst reserved pool error")).verdict == "n/a"
