@@ -42,7 +42,7 @@ from calibration.harness.memory_cap import UNCAPPED, noted_factor  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
 from runs.measured import gather_records, shipped_run_files, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
-from models.fit import ProfileFit, with_memory_nodes, with_values  # noqa: E402
+from models.fit import ProfileFit, pool_beyond_share_gib, with_memory_nodes, with_values  # noqa: E402
 from models.params import count_params  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
@@ -118,36 +118,32 @@ def machine_of(path: str | Path) -> str:
     return found.group(1) if found else Path(path).stem
 
 
+def runs_with_pool(records) -> list:
+    """The records that convert to measured runs (`to_measured_run`) and measured a pool beside their
+    allocated peak (`ProfileFit._pooled`)."""
+    runs = []
+    for record in records:
+        try:
+            runs.append(to_measured_run(record))
+        except ValueError:
+            continue
+    return ProfileFit._pooled(runs)
+
+
 def pool_beyond_share(paths, profile) -> dict[tuple[str, int], list[float]]:
     """{(machine kind, GPUs): GiB each run's pool held beyond allocated x (1 + its kind's share)}."""
     shares = memory.fragmentation_shares(profile.memory)
     out: dict[tuple[str, int], list[float]] = {}
     for path in paths:
-        for record in read_records(path):
-            try:
-                run = to_measured_run(record)
-            except ValueError:
-                continue
-            if not run.peak_gpu_mem_gib or not run.peak_gpu_reserved_gib:
-                continue
-            s = run.strategy
-            share = shares[int(memory.fragmentation_index(s.offload_optimizer != "none", s.checkpoint_every > 0))]
-            extra = run.peak_gpu_reserved_gib - run.peak_gpu_mem_gib * (1.0 + share)
-            out.setdefault((machine_of(path), s.gpus), []).append(extra)
+        for run in runs_with_pool(read_records(path)):
+            out.setdefault((machine_of(path), run.strategy.gpus), []).append(pool_beyond_share_gib(run, shares))
     return out
 
 
 def held_out_by_model(paths, profile) -> list[tuple[float, str]]:
     """(relative error of the predicted reserved pool, label) of every run with a pool, its figures
     taken from the runs of the other models."""
-    runs = []
-    for record in gather_records(paths):
-        try:
-            run = to_measured_run(record)
-        except ValueError:
-            continue
-        if run.peak_gpu_mem_gib and run.peak_gpu_reserved_gib:
-            runs.append(run)
+    runs = runs_with_pool(gather_records(paths))
     out = []
     for name in sorted({r.workload.arch.name for r in runs}):
         others = [r for r in runs if r.workload.arch.name != name]

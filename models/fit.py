@@ -152,6 +152,17 @@ def with_values(profile: HardwareProfile, values: dict[str, float], sources: dic
     return HardwareProfile.model_validate(profile.model_dump()) if validate else profile
 
 
+def fragmentation_kind(run: MeasuredRun) -> int:
+    """Which fragmentation share a run's pool takes: a position in FRAGMENTATION_FIELDS, as `models.memory` picks."""
+    return int(fragmentation_index(run.strategy.offload_optimizer != "none", run.strategy.checkpoint_every > 0))
+
+
+def pool_beyond_share_gib(run: MeasuredRun, shares: np.ndarray) -> float:
+    """What a run's pool held beyond its allocated peak x (1 + its kind's share), GiB; `shares` in
+    FRAGMENTATION_FIELDS' order (`models.memory.fragmentation_shares`)."""
+    return run.peak_gpu_reserved_gib - run.peak_gpu_mem_gib * (1.0 + shares[fragmentation_kind(run)])
+
+
 def with_memory_nodes(profile: HardwareProfile, values: dict[str, float]) -> HardwareProfile:
     """`profile` with a node for each memory figure in `values` it lacks (a share or the collective
     pool a profile may go without), so that `with_values` can set it."""
@@ -361,13 +372,8 @@ class ProfileFit:
                 for j, p in enumerate(stage)}
 
     @staticmethod
-    def _fragmentation_index(r: MeasuredRun) -> int:
-        """Which fragmentation share a run's pool takes (`models.memory` picks in this order)."""
-        return int(fragmentation_index(r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0))
-
-    @classmethod
-    def _fragmentation_field(cls, r: MeasuredRun) -> str:
-        return f"memory.{list(FRAGMENTATION_FIELDS)[cls._fragmentation_index(r)]}"
+    def _fragmentation_field(r: MeasuredRun) -> str:
+        return f"memory.{list(FRAGMENTATION_FIELDS)[fragmentation_kind(r)]}"
 
     @staticmethod
     def _pooled(runs: list[MeasuredRun]) -> list[MeasuredRun]:
@@ -376,8 +382,8 @@ class ProfileFit:
     @classmethod
     def _fragmentation(cls, runs: list[MeasuredRun]) -> dict[str, tuple[float, int]]:
         """Caching-allocator overhead, median of reserved / allocated - 1 over runs that measured
-        both, apart for steps that offload the optimizer, and for the others with and without
-        checkpointing: {profile path: (value, runs)}. Multi-GPU runs count here too: taking the
+        both, apart for each kind of step (`FRAGMENTATION_FIELDS`: optimizer offload and checkpointing,
+        each with and without the other): {profile path: (value, runs)}. Multi-GPU runs count here too: taking the
         shares from one-GPU runs alone lowered the checkpointed one below what a capped one-GPU step
         was measured to need (benchmarks/memory_accuracy.py --need)."""
         ratios: dict[str, list[float]] = {}
@@ -391,13 +397,10 @@ class ProfileFit:
         """What the pool of a step whose ranks exchange data holds beyond its fragmentation share:
         median over runs on more than one GPU of reserved - allocated x (1 + share), GiB, not below 0;
         (value, runs), None without such runs. A share these runs fitted none of is `base`'s."""
-        base_shares = fragmentation_shares(base.memory)
-        extra = []
-        for r in cls._pooled(runs):
-            if r.strategy.gpus > 1:
-                field = cls._fragmentation_field(r)
-                share = fragmentation[field][0] if field in fragmentation else base_shares[cls._fragmentation_index(r)]
-                extra.append(r.peak_gpu_reserved_gib - r.peak_gpu_mem_gib * (1.0 + share))
+        shares = fragmentation_shares(base.memory)
+        for i, field in enumerate(FRAGMENTATION_FIELDS):
+            shares[i] = fragmentation.get(f"memory.{field}", (shares[i],))[0]
+        extra = [pool_beyond_share_gib(r, shares) for r in cls._pooled(runs) if r.strategy.gpus > 1]
         return (max(float(np.median(extra)), 0.0), len(extra)) if extra else None
 
     @staticmethod

@@ -74,12 +74,13 @@ def probe(device, sync, offloads_optimizer: bool) -> HostProbe:
     return HostProbe(issue_us_per_layer=issue, cpu_adam_params_per_s=adam, threads=threads, failed="; ".join(failed))
 
 
-def _issue_us(device, sync) -> tuple[float | None, str]:
-    """The issue time, or None and why it failed: a probe never costs the run."""
-    from calibration.microbench.cpu import issue_us_per_layer
+def _issue_us(device, sync, rounds: int | None = None) -> tuple[float | None, str]:
+    """The issue time (the median of `rounds` rounds; None: the probe's own count), or None and why it
+    failed: a probe never costs the run."""
+    from calibration.microbench.cpu import ISSUE_PROBE_ROUNDS, issue_us_per_layer
 
     try:
-        return issue_us_per_layer(device, sync), ""
+        return issue_us_per_layer(device, sync, rounds or ISSUE_PROBE_ROUNDS), ""
     except Exception as exc:  # noqa: BLE001
         return None, f"issue: {type(exc).__name__}: {exc}"[:200]
 
@@ -94,12 +95,7 @@ def issue_between_steps(device, sync) -> float | None:
     """This rank's issue time in one round (about 50 ms on a lent H200 slice), for a probe within the
     measured window (`MeasuredWindow.between_steps`): several such, each between two stretches of
     steps, read the host the steps ran on; None where it fails."""
-    from calibration.microbench.cpu import issue_rounds_us_per_layer
-
-    try:
-        return issue_rounds_us_per_layer(device, sync, 1)[0]
-    except Exception:  # noqa: BLE001
-        return None
+    return _issue_us(device, sync, rounds=1)[0]
 
 
 def _slowest(issue_per_rank: list[float | None] | None) -> float | None:

@@ -134,14 +134,14 @@ def torch_own_linear():
 ISSUE_PROBE_ROUNDS = 5
 
 
-def issue_us_per_layer(device, sync) -> float:
+def issue_us_per_layer(device, sync, rounds: int = ISSUE_PROBE_ROUNDS) -> float:
     """Host microseconds to issue one tiny linear layer's forward and backward (median of
-    ISSUE_PROBE_ROUNDS rounds).
+    `rounds` rounds).
 
     The layers are tiny, so the GPU waits on the host throughout: this is Python dispatch, autograd
     and kernel launch, the work that bounds small or short-context steps and ZeRO-3's hooks. The
     layers run torch's own linear whatever a library put in its place (`torch_own_linear`)."""
-    return statistics.median(issue_rounds_us_per_layer(device, sync, ISSUE_PROBE_ROUNDS))
+    return statistics.median(issue_rounds_us_per_layer(device, sync, rounds))
 
 
 def issue_rounds_us_per_layer(device, sync, rounds: int) -> list[float]:

@@ -34,7 +34,7 @@ def test_a_probe_that_fails_is_recorded_and_the_run_goes_on(monkeypatch):
     import calibration.harness.host_probe as host_probe
     import calibration.microbench.cpu as cpu
 
-    def broken(device, sync):
+    def broken(device, sync, rounds):
         raise RuntimeError("no launch")
 
     monkeypatch.setattr(cpu, "issue_us_per_layer", broken)
