@@ -45,7 +45,7 @@ from models import flops, memory  # noqa: E402
 from models.fit import ProfileFit, pool_beyond_share_gib, with_memory_nodes, with_values  # noqa: E402
 from models.params import count_params  # noqa: E402
 from models.predict import predict  # noqa: E402
-from models.profile import load_profile  # noqa: E402
+from models.profile import ProfileError, load_profile  # noqa: E402
 from models.strategy import StrategyBatch  # noqa: E402
 
 
@@ -182,7 +182,11 @@ def main(argv=None) -> int:
     p.add_argument("--need", type=Path, help="a scripts/memory_cap.py sweep: what each step needed against the model")
     args = p.parse_args(argv)
 
-    profile = load_profile(args.profile)
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.need:
         try:
             rows = needs(read_records(args.need), profile)
@@ -201,6 +205,9 @@ def main(argv=None) -> int:
         return 0
     if args.held_out:
         r = np.array([e for e, _ in held_out_by_model(paths, profile)])
+        if not len(r):
+            print(f"no run with a reserved pool in {', '.join(map(str, paths)) or 'no file'}", file=sys.stderr)
+            return 1
         print(f"{len(r)} runs with a pool, each model held out: reserved MAPE {100 * np.abs(r).mean():.1f}%, "
               f"within 10%: {int((np.abs(r) <= 0.10).sum())}, under by more than 10%: {int((r < -0.10).sum())}, "
               f"over by more than 10%: {int((r > 0.10).sum())}")

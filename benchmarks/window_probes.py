@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.predict import predict  # noqa: E402
-from models.profile import load_profile  # noqa: E402
+from models.profile import ProfileError, load_profile  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
 from runs.measured import shipped_run_files, to_measured_run  # noqa: E402
 from runs.record import probed_issue_us, window_issue_us  # noqa: E402
@@ -70,7 +70,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = p.parse_args(argv)
     paths = sorted(f for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
-    found = rows(paths, load_profile(args.profile))
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    found = rows(paths, profile)
     if args.json:
         print(json.dumps({"runs": [asdict(r) for r in found],
                           "mape_pct": {k: mape(found, k) for k in READINGS} if found else None}, indent=1))

@@ -116,3 +116,13 @@ def test_each_models_pool_is_predicted_with_figures_taken_from_the_other_models(
                           text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("8 runs with a pool, each model held out")
+
+
+def test_bad_input_is_one_line_not_a_traceback(tmp_path):
+    """An unknown profile, or --held-out over files that hold no pool, ends in one line and a
+    non-zero exit."""
+    for args, code in ((["--profile", "nosuch"], 2), (["--held-out", "--runs", str(tmp_path / "none*.jsonl")], 1)):
+        done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300,
+                              cwd=REPO)
+        assert done.returncode == code and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr

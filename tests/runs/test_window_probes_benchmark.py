@@ -38,3 +38,10 @@ def test_each_run_is_predicted_at_the_probes_around_and_within_its_window():
     none = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(REPO / "data/runs/h200-x4node.jsonl")],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert none.returncode == 1 and "no run was probed" in none.stderr
+
+
+def test_an_unknown_profile_is_one_line_not_a_traceback():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--profile", "nosuch"], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "unknown profile 'nosuch'" in done.stderr and "Traceback" not in done.stderr
