@@ -184,14 +184,17 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
     strategy = strategy_from_inputs(flags, settings, arch, int(prof.gpus_per_node.value),
                                     _global_batch(global_batch_text, workload.seq_len))
     pred = predict_one(workload, strategy, prof)
-    from advisor.bands import band_fields, profile_band
+    from advisor.bands import band_fields, pool_band_note, profile_band
     from advisor.host_check import host_bound_notes
     from advisor.recommend import thread_warnings
 
-    for warning in thread_warnings(strategy, prof) + host_bound_notes(pred):
-        click.echo(warning, err=True)
     band, why_not = profile_band(profile, prof)
-    bands = band_fields(band, pred.step_time_s, pred.energy_j, pred.host_share)
+    bands = band_fields(band, pred.step_time_s, pred.energy_j, pred.host_share, pred.reserved_gpu_mem_gib,
+                        pred.peak_gpu_mem_gib)
+    pool_note = pool_band_note(bands["peak_gpu_mem_gib_band"], prof.gpu.memory_gib.value,
+                               band.level if band else None) if pred.feasible else None
+    for warning in thread_warnings(strategy, prof) + host_bound_notes(pred) + ([pool_note] if pool_note else []):
+        click.echo(warning, err=True)
     if as_json:
         out = pred.to_dict()
         out.setdefault("strategy", asdict(strategy))

@@ -221,7 +221,8 @@ def plan_dict(result: SearchResult, chosen: list[Chosen], band: Band | None, seq
     for ch in chosen:
         point = result.point(ch.index, seq_len)
         out.append({"why": ch.why, **point,
-                    **band_fields(band, point["step_time_s"], point["energy_j"], point["host_share"])})
+                    **band_fields(band, point["step_time_s"], point["energy_j"], point["host_share"],
+                                  point["reserved_gpu_mem_gib"], point["peak_gpu_mem_gib"])})
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from advisor.accuracy import AccuracyReport, accuracy_report, compare_held_out, user_host_share
-from models.band import Band
+from models.band import POOL_METRIC, Band
 from models.fit import MeasuredRun, ProfileFit, prefit_profile
 from models.profile import HardwareProfile
 from models.held_out import PRIOR_GRID, HeldOutPrediction, choose_prior_strength, k_fold, leave_one_out
@@ -118,11 +118,13 @@ def _fold_progress(total: int, progress: Callable[[str], None]) -> Callable[[int
 def band_of(held: list[HeldOutPrediction], profile: HardwareProfile, how: str = "leave-one-out") -> Band:
     """The 90% band from held-out log ratios, log(measured / predicted), for `profile`; and each
     regime's, a run's regime by the share of its step on the host as `profile` predicts it for a user
-    (at the profile's own host, not the run's)."""
+    (at the profile's own host, not the run's); and the pool's, over the runs that measured it."""
     share = [user_host_share(h.run, profile) for h in held]
     time = [float(np.log(h.run.step_time_s / h.step_time_s)) for h in held]
     with_energy = [i for i, h in enumerate(held) if h.run.gpu_energy_j]
     energy = [float(np.log(held[i].run.gpu_energy_j / held[i].gpu_energy_j)) for i in with_energy]
-    return Band.from_residuals({"step_time_s": time, "gpu_energy_j": energy}, profile.to_json(),
+    pool = [float(np.log(h.run.peak_gpu_reserved_gib / h.reserved_gpu_mem_gib)) for h in held
+            if h.run.peak_gpu_reserved_gib and h.reserved_gpu_mem_gib > 0]
+    return Band.from_residuals({"step_time_s": time, "gpu_energy_j": energy, POOL_METRIC: pool}, profile.to_json(),
                                source=f"{how} of advisor fit over {len(held)} runs",
                                host_shares={"step_time_s": share, "gpu_energy_j": [share[i] for i in with_energy]})

@@ -54,7 +54,8 @@ def show_prediction(out: Console, pred, strategy, title: str, trust: str, bands:
         ("GPU energy / step", f"{pred.gpu_energy_j:,.0f} J (all {strategy.gpus} GPUs)"),
         ("CPU energy / step", f"{pred.cpu_energy_j:,.0f} J{cpu_note}"),
         ("energy / step", f"{pred.energy_j:,.0f} J{_band_text(bands['energy_j_band'], level, regime)}"),
-        ("peak GPU memory", f"{pred.peak_gpu_mem_gib:,.1f} GiB: torch allocates {pred.allocated_gpu_mem_gib:,.1f} "
+        ("peak GPU memory", f"{pred.peak_gpu_mem_gib:,.1f} GiB{_band_text(bands['peak_gpu_mem_gib_band'], level, None)}: "
+                            f"torch allocates {pred.allocated_gpu_mem_gib:,.1f} "
                             f"(max_memory_allocated), its pool {pred.reserved_gpu_mem_gib:,.1f} (max_memory_reserved), "
                             f"{pred.peak_gpu_mem_gib - pred.reserved_gpu_mem_gib:,.1f} outside it"),
         ("peak host memory", f"{pred.peak_host_mem_gib:,.1f} GiB"),

@@ -39,8 +39,8 @@ def auto_method(points: StrategyBatch) -> str:
     return "exhaustive" if len(points) <= EXHAUSTIVE_MAX_STRATEGIES else "optuna"
 
 
-METRICS = ("step_time_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "peak_host_mem_gib",
-           "host_share")
+METRICS = ("step_time_s", "energy_j", "gpu_energy_j", "cpu_energy_j", "peak_gpu_mem_gib", "reserved_gpu_mem_gib",
+           "peak_host_mem_gib", "host_share")
 CONSTRAINTS = ("gpu_memory", "host_memory", "static", "other")
 
 

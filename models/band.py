@@ -14,6 +14,12 @@ prediction): steps under HOST_BOUND_SHARE take the band of such runs, which was 
 and the others the wider one of theirs. A regime with too few runs for the level falls back to the
 band of all runs.
 
+Torch's pool (max_memory_reserved) has a band of its own, of all runs that measured it with the
+default allocator: the pool depends on the allocator's blocks, not on the host, so it has no regimes.
+It says how far a step's pool may reach beyond the prediction (on H200 a checkpointed long-context
+step pooled up to a fifth more than predicted): torch then frees its cache and retries, slower, or
+runs out.
+
 A band belongs to one profile: it records the profile's content hash, and one fitted to another
 version of the profile is not used.
 """
@@ -28,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 BAND_METRICS = ("step_time_s", "gpu_energy_j")
+POOL_METRIC = "reserved_gpu_mem_gib"  # torch's pool: one band for every step, where runs measured it
 DEFAULT_LEVEL = 0.9
 # A predicted step with this share or more of its time on the host (DeepSpeed's host work and the
 # GPU's waits on it, the exposed CPU optimizer: models.predict.HOST_PHASES) is host-bound. On H200 the
@@ -96,6 +103,7 @@ class Band:
     gpu_energy_j: MetricBand
     source: str
     regimes: dict[str, MetricBands] = field(default_factory=dict)  # REGIMES with enough runs for the level
+    reserved_gpu_mem_gib: MetricBand | None = None  # POOL_METRIC; None: too few runs measured it, or an older band
 
     def regime_for(self, host_share: float | None) -> str | None:
         """The regime whose band a prediction with this share of its step on the host takes; None for
@@ -114,8 +122,12 @@ class Band:
     def from_residuals(cls, residuals: dict[str, list[float]], profile_json: str, source: str,
                        level: float = DEFAULT_LEVEL, host_shares: dict[str, list[float]] | None = None) -> "Band":
         """From each metric's held-out log ratios, and where given the host share of each ratio's run
-        (as predicted by the profile), each regime's band besides."""
+        (as predicted by the profile), each regime's band besides; and the pool's, where `residuals`
+        has POOL_METRIC's ratios, enough of them for the level."""
         overall = {metric: _metric_band(residuals[metric], level) for metric in BAND_METRICS}
+        pool = _metric_band(residuals[POOL_METRIC], level) if residuals.get(POOL_METRIC) else None
+        if pool is not None and not (math.isfinite(pool.low_log) and math.isfinite(pool.high_log)):
+            pool = None
         regimes = {}
         for regime in REGIMES if host_shares else ():
             own = {metric: [r for r, share in zip(residuals[metric], host_shares[metric], strict=True)
@@ -123,21 +135,24 @@ class Band:
             bands = {metric: _metric_band(own[metric], level) for metric in BAND_METRICS}
             if all(math.isfinite(b.low_log) and math.isfinite(b.high_log) for b in bands.values()):
                 regimes[regime] = MetricBands(**bands)
-        return cls(level, profile_digest(profile_json), source=source, regimes=regimes, **overall)
+        return cls(level, profile_digest(profile_json), source=source, regimes=regimes, reserved_gpu_mem_gib=pool,
+                   **overall)
 
     def to_json(self) -> str:
-        return json.dumps({"kind": "energy-advisor prediction band", "version": 2, **asdict(self)}, indent=1)
+        return json.dumps({"kind": "energy-advisor prediction band", "version": 3, **asdict(self)}, indent=1)
 
     @classmethod
     def from_json(cls, text: str, origin: str) -> "Band":
-        """Version 2, and version 1 (no regimes: every prediction takes the band of all runs)."""
+        """Version 3; version 2 (no pool band); version 1 (nor regimes: every prediction takes the band
+        of all runs)."""
         try:
             data = json.loads(text)
-            assert data.pop("kind") == "energy-advisor prediction band" and data.pop("version") in (1, 2)
+            assert data.pop("kind") == "energy-advisor prediction band" and data.pop("version") in (1, 2, 3)
             metrics = {m: MetricBand(**data.pop(m)) for m in BAND_METRICS}
             regimes = {name: MetricBands(**{m: MetricBand(**bands[m]) for m in BAND_METRICS})
                        for name, bands in data.pop("regimes", {}).items()}
-            return cls(**data, **metrics, regimes=regimes)
+            pool = data.pop(POOL_METRIC, None)
+            return cls(**data, **metrics, regimes=regimes, reserved_gpu_mem_gib=MetricBand(**pool) if pool else None)
         except (json.JSONDecodeError, AssertionError, KeyError, TypeError) as exc:
             raise BandError(f"{origin}: not a prediction band ({type(exc).__name__}: {exc})") from None
 

@@ -48,7 +48,8 @@ class HandModel:
 
         zeros = np.zeros(len(batch))
         return SimpleNamespace(step_time_s=time_s, energy_j=energy_j, gpu_energy_j=energy_j, cpu_energy_j=zeros,
-                               peak_gpu_mem_gib=mem, peak_host_mem_gib=zeros + 10.0, feasible=feasible,
+                               peak_gpu_mem_gib=mem, reserved_gpu_mem_gib=mem - 2.0, peak_host_mem_gib=zeros + 10.0,
+                               feasible=feasible,
                                host_share=zeros, reasons=reasons)
 
 

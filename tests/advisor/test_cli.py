@@ -265,3 +265,30 @@ def test_an_unknown_profile_lists_the_shipped_profiles_not_their_companion_files
     assert result.exit_code != 0
     assert "shipped profiles: gh200, h200" in result.output
     assert "fit-report" not in result.output and "band" not in result.output
+
+
+def test_predict_bands_the_peak_by_the_pools_band_and_notes_a_band_past_the_gpu(tmp_path):
+    """A band whose pool may reach 1.65x the predicted: a step predicted at 100 GiB of a 141 GiB H200
+    fits, and predict says its pool may not; the JSON carries the peak's band."""
+    import math
+
+    from models.band import Band, band_path
+    from models.profile import load_profile
+
+    profile = load_profile("h200")
+    mine = tmp_path / "mine.json"
+    mine.write_text(profile.to_json())
+    ratios = [-0.05, 0.0, 0.05] * 20
+    band = Band.from_residuals({"step_time_s": ratios, "gpu_energy_j": ratios,
+                                "reserved_gpu_mem_gib": [-0.1, 0.0, 0.5] * 20}, profile.to_json(), source="test")
+    band_path(mine).write_text(band.to_json())
+    args = ("predict", "--model", "qwen2.5-1.5b", "--seq", "32k", "--gpus", "1", "--zero", "2", "--checkpointing", "full",
+            "--profile", str(mine))
+    out = run_json(*args)
+    outside = out["peak_gpu_mem_gib"] - out["reserved_gpu_mem_gib"]
+    assert out["peak_gpu_mem_gib_band"] == pytest.approx([out["reserved_gpu_mem_gib"] * math.exp(-0.1) + outside,
+                                                          out["reserved_gpu_mem_gib"] * math.exp(0.5) + outside])
+    assert out["feasible"] and out["peak_gpu_mem_gib_band"][1] > profile.gpu.memory_gib.value
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert "torch's pool may take up to" in result.output and "90% band" in result.output

@@ -122,3 +122,24 @@ def test_k_fold_predicts_every_run_once_in_order_from_a_fit_without_its_fold(sma
     first = held[0]
     again = predict(first.run.workload, first.run.strategy, first.run.on_its_host(first.profile))
     assert first.step_time_s == pytest.approx(again.step_time_s)
+
+
+def test_the_fit_bands_the_pool_over_the_held_out_runs_that_measured_it(all_runs, base):
+    """`band_of`: the pool's band is made of log(measured / predicted pool) of the runs with a measured
+    pool; a run without one, or without a predicted pool, gives no ratio."""
+    import dataclasses
+
+    from advisor.refit import band_of
+    from models.held_out import HeldOutPrediction
+
+    ratios = np.linspace(-0.2, 0.1, 30)
+    held = []
+    for i, run in enumerate(all_runs[:32]):
+        measured_pool = 10.0 + i if i < 30 else None  # the last two measured no pool
+        run = dataclasses.replace(run, peak_gpu_reserved_gib=measured_pool)
+        predicted_pool = measured_pool / np.exp(ratios[i]) if measured_pool else float("nan")
+        held.append(HeldOutPrediction(run, run.step_time_s, run.gpu_energy_j or 1.0, 1.0, predicted_pool, base))
+    band = band_of(held, base, "test")
+    assert band.reserved_gpu_mem_gib.runs == 30
+    assert (band.reserved_gpu_mem_gib.low_log, band.reserved_gpu_mem_gib.high_log) == pytest.approx((-0.2, 0.1))
+    assert band.step_time_s.runs == 32  # every run has a step time

@@ -99,4 +99,40 @@ def test_the_band_says_whose_it_is():
     assert band_fields(band, 1.0, 100.0, 0.5)["band_regime"] == "host_bound"
     assert band_fields(band, 1.0, 100.0, 0.01)["band_regime"] == "gpu_bound"
     assert band_fields(band, 1.0, 100.0, None)["band_regime"] is None
-    assert band_fields(None, 1.0, 100.0, 0.5) == {"step_time_s_band": None, "energy_j_band": None, "band_regime": None}
+    assert band_fields(None, 1.0, 100.0, 0.5) == {"step_time_s_band": None, "energy_j_band": None, "band_regime": None,
+                                                  "peak_gpu_mem_gib_band": None}
+
+
+def test_the_pool_has_one_band_for_every_step_and_the_peak_takes_it_with_what_lies_outside_the_pool(tmp_path):
+    """The pool's ratios give the pool's band whatever the host share; the peak's band is the pool's
+    band plus the memory outside the pool, as predicted (not scaled: CUDA's context does not fragment)."""
+    from advisor.bands import band_fields, pool_band_note
+
+    ratios, shares = [-0.1, 0.0, 0.1] * 20, [0.05] * 30 + [0.5] * 30
+    pool = [-0.05, 0.0, 0.2] * 20
+    band = Band.from_residuals({"step_time_s": ratios, "gpu_energy_j": ratios, "reserved_gpu_mem_gib": pool}, "{}",
+                               source="test", host_shares={"step_time_s": shares, "gpu_energy_j": shares})
+    assert (band.reserved_gpu_mem_gib.low_log, band.reserved_gpu_mem_gib.high_log) == pytest.approx((-0.05, 0.2))
+    fields = band_fields(band, 1.0, 100.0, 0.5, reserved_gpu_mem_gib=100.0, peak_gpu_mem_gib=102.0)
+    assert fields["peak_gpu_mem_gib_band"] == pytest.approx([100.0 * math.exp(-0.05) + 2.0, 100.0 * math.exp(0.2) + 2.0])
+    assert band_fields(band, 1.0, 100.0, 0.5, float("nan"), 102.0)["peak_gpu_mem_gib_band"] is None  # an old search
+    assert band_fields(band, 1.0, 100.0, 0.5)["peak_gpu_mem_gib_band"] is None  # no pool given
+    assert Band.from_json(band.to_json(), "p") == band
+    # 124 GiB at the band's top: over a 120 GiB GPU, a note; under a 141 GiB one, none
+    assert "up to 124 GiB" in pool_band_note(fields["peak_gpu_mem_gib_band"], 120.0, band.level)
+    assert pool_band_note(fields["peak_gpu_mem_gib_band"], 141.0, band.level) is None
+    few = Band.from_residuals({"step_time_s": ratios, "gpu_energy_j": ratios, "reserved_gpu_mem_gib": pool[:5]}, "{}",
+                              source="test")
+    assert few.reserved_gpu_mem_gib is None  # five runs cannot hold 90%
+
+
+def test_a_version_2_band_loads_without_a_pool_band():
+    import json
+
+    band = Band.from_residuals({"step_time_s": [-0.1, 0.1] * 20, "gpu_energy_j": [-0.1, 0.1] * 20,
+                                "reserved_gpu_mem_gib": [-0.1, 0.1] * 20}, "{}", "test")
+    data = json.loads(band.to_json())
+    data.update(version=2)
+    del data["reserved_gpu_mem_gib"]
+    old = Band.from_json(json.dumps(data), "old")
+    assert old.reserved_gpu_mem_gib is None and old.step_time_s == band.step_time_s
