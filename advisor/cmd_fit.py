@@ -137,9 +137,13 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
 
 
 def _format_band(band, path) -> str:
-    lines = [f"{band.level:.0%} prediction band (from the leave-one-out errors), written to {path}:"]
-    for metric in ("step_time_s", "gpu_energy_j"):
+    from models.band import POOL_METRIC
+
+    lines = [f"{band.level:.0%} prediction band (from the held-out errors), written to {path}:"]
+    for metric in ("step_time_s", "gpu_energy_j", POOL_METRIC):
         m = getattr(band, metric)
+        if m is None:  # too few runs measured the pool
+            continue
         lines.append(f"  {metric}: predicted x [{math.exp(m.low_log):.3f}, {math.exp(m.high_log):.3f}] "
                      f"({m.runs} runs; held {m.loo_coverage:.0%} of them, each left out)")
     return "\n".join(lines)

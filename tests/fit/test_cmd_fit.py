@@ -184,3 +184,17 @@ def test_fit_by_folds_reports_and_bands_them_under_their_own_name(files, tmp_pat
     refused = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json", "--out", out,
                   "--folds", 3, "--no-loo")
     assert refused.exit_code == 2 and "--folds" in refused.output and "Traceback" not in refused.output
+
+
+def test_the_fits_band_table_has_the_pool_where_enough_runs_measured_it():
+    from advisor.cmd_fit import _format_band
+    from models.band import Band
+
+    ratios = [-0.1, 0.0, 0.1] * 10
+    with_pool = Band.from_residuals({"step_time_s": ratios, "gpu_energy_j": ratios,
+                                     "reserved_gpu_mem_gib": [-0.1, 0.0, 0.2] * 10}, "{}", source="test")
+    lines = _format_band(with_pool, "p.band.json").splitlines()
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["step_time_s", "gpu_energy_j", "reserved_gpu_mem_gib"]
+    assert "[0.905, 1.221]" in lines[3]
+    without = Band.from_residuals({"step_time_s": ratios, "gpu_energy_j": ratios}, "{}", source="test")
+    assert len(_format_band(without, "p.band.json").splitlines()) == 3
