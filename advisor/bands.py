@@ -18,19 +18,21 @@ def band_fields(band: Band | None, step_time_s: float, energy_j: float, host_sha
     as much of their time on the host (the GPU energy's band is applied to the whole energy: the CPU's
     part is an estimate with no error measured); None without a band. `band_regime` names the band
     used: host_bound, gpu_bound, or None for the band of all runs. Given the predicted pool and peak,
-    the peak's band too: the pool's band with what lies outside the pool (CUDA's context, NCCL) as
-    predicted; None where the band has no pool band."""
+    the pool's band and the peak's: the pool's band with what lies outside the pool (CUDA's context,
+    NCCL) as predicted; None where the band has no pool band."""
     if band is None:
-        return {"step_time_s_band": None, "energy_j_band": None, "band_regime": None, "peak_gpu_mem_gib_band": None}
+        return {"step_time_s_band": None, "energy_j_band": None, "band_regime": None,
+                "reserved_gpu_mem_gib_band": None, "peak_gpu_mem_gib_band": None}
     bands, regime = band.for_share(host_share), band.regime_for(host_share)
-    peak = None
+    pool = peak = None
     if (band.reserved_gpu_mem_gib is not None and reserved_gpu_mem_gib is not None and peak_gpu_mem_gib is not None
             and math.isfinite(reserved_gpu_mem_gib)):  # a search stored before it kept the pool: nan
         outside = peak_gpu_mem_gib - reserved_gpu_mem_gib
-        peak = [float(x) + outside for x in band.reserved_gpu_mem_gib.around(reserved_gpu_mem_gib)]
+        pool = [float(x) for x in band.reserved_gpu_mem_gib.around(reserved_gpu_mem_gib)]
+        peak = [x + outside for x in pool]
     return {"step_time_s_band": [float(x) for x in bands.step_time_s.around(step_time_s)],
             "energy_j_band": [float(x) for x in bands.gpu_energy_j.around(energy_j)],
-            "band_regime": regime, "peak_gpu_mem_gib_band": peak}
+            "band_regime": regime, "reserved_gpu_mem_gib_band": pool, "peak_gpu_mem_gib_band": peak}
 
 
 def pool_band_note(peak_gpu_mem_gib_band: list[float] | None, gpu_memory_gib: float, level: float | None) -> str | None:

@@ -192,25 +192,30 @@ def rounds_line(loop) -> str:
 
 def show_loop(out: Console, loop) -> None:
     """The candidates the loop measures: predicted (with the band) against measured, and the pick."""
+    from runs.measured import default_allocator_reserved_gib  # the fit's imports: only where a loop ran
+
     table = Table(title="Validation: predicted \\[band] / measured, per optimizer step", title_justify="left")
-    for col in ("", "strategy", "why", "step s", "energy kJ", "status", "regret"):
+    for col in ("", "strategy", "why", "step s", "energy kJ", "pool GiB", "status", "regret"):
         table.add_column(col, justify="left" if col in ("", "strategy", "why", "status") else "right")
     v = loop.verdict
     for i, p in enumerate(loop.plan):
         m = loop.measured[i] if loop.measured else None
-        t_band, e_band = p.get("step_time_s_band"), p.get("energy_j_band")
+        t_band, e_band, r_band = p.get("step_time_s_band"), p.get("energy_j_band"), p.get("reserved_gpu_mem_gib_band")
         t = figure(p["step_time_s"]) + (f" [{figure(t_band[0])}-{figure(t_band[1])}]" if t_band else "")
         e = figure(p["energy_j"] / 1e3) + (f" [{figure(e_band[0] / 1e3)}-{figure(e_band[1] / 1e3)}]" if e_band else "")
+        pool = (figure(p["reserved_gpu_mem_gib"]) + (f" [{figure(r_band[0])}-{figure(r_band[1])}]" if r_band else "")
+                if "reserved_gpu_mem_gib" in p else "")  # a plan stored before it kept the pool
         status, regret, mark = "planned", "", ""
         if m is not None:
             t += f" / {figure(m.time_s)}"
             e += f" / {figure(m.energy_j / 1e3 if m.energy_j is not None else None)}"
+            pool += f" / {figure(default_allocator_reserved_gib(m.record.result) if m.record else None)}"
             status = m.record.result.status if m.record else "not run"
             if m.record and not m.ok:
                 status += f": {m.record.result.reason[:60]}"
             regret = "" if v.regret.get(i) is None else f"{v.regret[i]:+.1%}" + _scatter(v.leads.get(i))
             mark = "*" if v.measured_pick == i else ""
-        table.add_row(mark, p["label"], p["why"], t, e, status, regret, style="bold green" if mark else None)
+        table.add_row(mark, p["label"], p["why"], t, e, pool, status, regret, style="bold green" if mark else None)
     out.print(table)
     if loop.measured is None:
         out.print("[dim]planned only (--plan-only): nothing was run[/dim]")

@@ -171,6 +171,34 @@ def test_the_loop_names_a_measured_candidate_that_ran_at_the_gpus_memory_limit()
     assert loop.to_dict()["candidates"][0]["result"]["gpu_alloc_retries"] == 4
 
 
+def test_the_loops_table_sets_the_measured_pool_beside_the_predicted_pool_and_its_band():
+    """Predicted pool [band] / measured max_memory_reserved, where torch's allocator ran as by
+    default; a run under another allocator setting shows no measured pool."""
+    import io
+
+    from rich.console import Console
+
+    from advisor.loop import LoopOutcome
+    from advisor.render import show_loop
+
+    def run(label, alloc_conf):
+        c = Candidate(model="m", seq_len=1, ds_config={}, label=label,
+                      strategy={"micro_batch": 1, "gpus": 1, "sp": 1, "grad_accum": 1})
+        machine = {"cuda_alloc_conf": alloc_conf} if alloc_conf else {}
+        return RunRecord.now(c, RunResult(status="ok", step_time_s=1.0, gpu_energy_j=100.0, peak_gpu_reserved_gib=47.5,
+                                          machine=machine))
+
+    runs = [Measured(Chosen(0, "the model's pick"), run("default", "")),
+            Measured(Chosen(1, "tied"), run("expandable", "expandable_segments:True"))]
+    plan = [{"label": label, "why": "w", "step_time_s": 1.0, "energy_j": 100.0, "reserved_gpu_mem_gib": 41.0,
+             "reserved_gpu_mem_gib_band": [37.0, 49.0]} for label in ("default", "expandable")]
+    loop = LoopOutcome([m.chosen for m in runs], plan, runs, measured_pick(runs, "energy", 0.1), None, "")
+    out = Console(file=io.StringIO(), width=400)
+    show_loop(out, loop)
+    rows = [line for line in out.file.getvalue().splitlines() if "default" in line or "expandable" in line]
+    assert "41 [37-49] / 47.5" in rows[0] and "41 [37-49] / -" in rows[1]
+
+
 def test_the_loops_budget_counts_what_ran_before_its_runs(tiny_problem, tmp_path, monkeypatch):
     """A command given 100 s that spent 40 of them searching and building ops has 60 s left for its
     runs, not 100 (a lent machine's call ran past its limit so, 2026-12-04)."""

@@ -100,7 +100,7 @@ def test_the_band_says_whose_it_is():
     assert band_fields(band, 1.0, 100.0, 0.01)["band_regime"] == "gpu_bound"
     assert band_fields(band, 1.0, 100.0, None)["band_regime"] is None
     assert band_fields(None, 1.0, 100.0, 0.5) == {"step_time_s_band": None, "energy_j_band": None, "band_regime": None,
-                                                  "peak_gpu_mem_gib_band": None}
+                                                  "reserved_gpu_mem_gib_band": None, "peak_gpu_mem_gib_band": None}
 
 
 def test_the_pool_has_one_band_for_every_step_and_the_peak_takes_it_with_what_lies_outside_the_pool(tmp_path):
@@ -114,6 +114,7 @@ def test_the_pool_has_one_band_for_every_step_and_the_peak_takes_it_with_what_li
                                source="test", host_shares={"step_time_s": shares, "gpu_energy_j": shares})
     assert (band.reserved_gpu_mem_gib.low_log, band.reserved_gpu_mem_gib.high_log) == pytest.approx((-0.05, 0.2))
     fields = band_fields(band, 1.0, 100.0, 0.5, reserved_gpu_mem_gib=100.0, peak_gpu_mem_gib=102.0)
+    assert fields["reserved_gpu_mem_gib_band"] == pytest.approx([100.0 * math.exp(-0.05), 100.0 * math.exp(0.2)])
     assert fields["peak_gpu_mem_gib_band"] == pytest.approx([100.0 * math.exp(-0.05) + 2.0, 100.0 * math.exp(0.2) + 2.0])
     assert band_fields(band, 1.0, 100.0, 0.5, float("nan"), 102.0)["peak_gpu_mem_gib_band"] is None  # an old search
     assert band_fields(band, 1.0, 100.0, 0.5)["peak_gpu_mem_gib_band"] is None  # no pool given
