@@ -13,7 +13,6 @@ whose GPU allocations were recorded are left out: the recording holds host memor
 from __future__ import annotations
 
 import argparse
-import glob
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runs.measured import gather_records, shipped_run_files, to_measured_run  # noqa: E402
+from runs.measured import gather_records, run_files, to_measured_run  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
 
@@ -41,7 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="h200")
     args = p.parse_args(argv)
     profile = load_profile(args.profile)
-    paths = sorted(f for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
+    paths = run_files(args.runs)
     groups: dict[str, list[tuple[str, float, float]]] = {}
     seen = set()
     for record in gather_records(paths):

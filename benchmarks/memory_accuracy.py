@@ -28,7 +28,6 @@ in, at most the pool it reached under the smallest cap it ran in.
 from __future__ import annotations
 
 import argparse
-import glob
 import re
 import sys
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from calibration.harness.memory_cap import UNCAPPED, noted_factor  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
-from runs.measured import gather_records, shipped_run_files, to_measured_run  # noqa: E402
+from runs.measured import gather_records, run_files, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
 from models.fit import ProfileFit, pool_beyond_share_gib, with_memory_nodes, with_values  # noqa: E402
 from models.params import count_params  # noqa: E402
@@ -199,7 +198,7 @@ def main(argv=None) -> int:
         print_needs(rows)
         return 0
     rows, skipped = [], []
-    paths = sorted(f for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
+    paths = run_files(args.runs)
     if args.by_gpus:
         print_by_gpus(pool_beyond_share(paths, profile))
         return 0

@@ -13,7 +13,6 @@ at the profile's host, at the bracketing probes and at the median of the probes 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.predict import predict  # noqa: E402
 from models.profile import ProfileError, load_profile  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
-from runs.measured import shipped_run_files, to_measured_run  # noqa: E402
+from runs.measured import run_files, to_measured_run  # noqa: E402
 from runs.record import probed_issue_us, window_issue_us  # noqa: E402
 
 READINGS = ("profile_host", "bracketing_probes", "window_probes")
@@ -69,7 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="h200")
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = p.parse_args(argv)
-    paths = sorted(f for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
+    paths = run_files(args.runs)
     try:
         profile = load_profile(args.profile)
     except ProfileError as exc:

@@ -8,6 +8,7 @@ validate` and the benchmarks see the same runs.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import re
 import statistics
 from collections import Counter
@@ -236,6 +237,14 @@ def shipped_run_files(with_excluded: bool = True) -> list[Path]:
     (excluded/), whose memory and committed predictions are still checked."""
     kept_out = sorted(EXCLUDED_RUNS.glob("*.jsonl")) if with_excluded else []
     return kept_out + sorted(SHIPPED_RUNS.glob("*.jsonl"))
+
+
+def run_files(patterns: list[str] | None) -> list[Path]:
+    """The files the globs match, sorted; where none is given, the shipped run files
+    (`shipped_run_files`): what a benchmark's repeatable --runs option reads."""
+    if not patterns:
+        return shipped_run_files()
+    return sorted(Path(f) for pattern in patterns for f in glob.glob(pattern))
 
 
 def shipped_records(ids: set[str]) -> list[RunRecord]:
