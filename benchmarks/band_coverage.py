@@ -16,7 +16,6 @@ the band a user's prediction would take:
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import sys
@@ -31,7 +30,7 @@ from models.fit import MeasuredRun, fitted_run_ids  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import HardwareProfile, ProfileError, load_profile, profile_path  # noqa: E402
 from runs.jsonl import RunFileError  # noqa: E402
-from runs.measured import EXCLUDED_RUNS, gather_records, shipped_run_files, to_run_set  # noqa: E402
+from runs.measured import EXCLUDED_RUNS, gather_records, run_files, to_run_set  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -58,25 +57,22 @@ def coverage_rows(timed: list[MeasuredRun], pooled: list[MeasuredRun], profile: 
     """`timed`: runs whose step time and energy count; `pooled`: runs whose pool counts (those that
     measured one). One row a metric and regime that has runs."""
     ratios: dict[tuple[str, str], list[float]] = {}
+    bands: dict[tuple[str, str], MetricBand] = {}  # the band each (metric, regime) is held against
     for run in timed:
-        regime = band.regime_for(user_host_share(run, profile)) or "all"
+        share = user_host_share(run, profile)
+        regime, regime_bands = band.regime_for(share) or "all", band.for_share(share)
         p = predict(run.workload, run.strategy, run.on_its_host(profile))
-        ratios.setdefault(("step_time_s", regime), []).append(math.log(run.step_time_s / p.step_time_s))
-        if run.gpu_energy_j:
-            ratios.setdefault(("gpu_energy_j", regime), []).append(math.log(run.gpu_energy_j / p.gpu_energy_j))
+        measured = {"step_time_s": (run.step_time_s, p.step_time_s), "gpu_energy_j": (run.gpu_energy_j, p.gpu_energy_j)}
+        for metric, (value, predicted) in measured.items():
+            if value:
+                bands[metric, regime] = getattr(regime_bands, metric)
+                ratios.setdefault((metric, regime), []).append(math.log(value / predicted))
     if band.reserved_gpu_mem_gib is not None:
         for run in pooled:
             p = predict(run.workload, run.strategy, profile)
+            bands[POOL_METRIC, "all"] = band.reserved_gpu_mem_gib
             ratios.setdefault((POOL_METRIC, "all"), []).append(math.log(run.peak_gpu_reserved_gib / p.reserved_gpu_mem_gib))
-    rows = []
-    for (metric, regime), values in sorted(ratios.items()):
-        if metric == POOL_METRIC:
-            metric_band = band.reserved_gpu_mem_gib
-        else:
-            bands = band.regimes[regime] if regime != "all" else band
-            metric_band = getattr(bands, metric)
-        rows.append(_tally(metric, regime, metric_band, values))
-    return rows
+    return [_tally(metric, regime, bands[metric, regime], values) for (metric, regime), values in sorted(ratios.items())]
 
 
 def unfitted_runs(paths: list[Path], profile: HardwareProfile) -> tuple[list[MeasuredRun], list[MeasuredRun]]:
@@ -95,7 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="h200")
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = p.parse_args(argv)
-    paths = sorted(Path(f) for pattern in args.runs for f in glob.glob(pattern)) if args.runs else shipped_run_files()
+    paths = run_files(args.runs)
     try:
         profile = load_profile(args.profile)
         band, why_not = load_band(profile_path(args.profile), profile.to_json())
