@@ -5,9 +5,10 @@ around the window? One row a run that has both, its step time predicted by the p
 
 Why: a host-bound step's mean followed probes taken within its window (correlation 0.76-0.90) and
 hardly those around it (scripts/probe_drift.py, 2026-12-04), and the harness now probes within the
-window (`WindowSettings.probe_every_s`). The fit and `validate` read the bracketing probes
-(`runs.record.probed_issue_us`) until runs like these say the window's own probes
-(`runs.record.window_issue_us`) read the host better. Errors are 100 (predicted - measured) / measured,
+window (`WindowSettings.probe_every_s`). The 16 runs of 2026-12-04 (machines BY and BZ) said the window's
+own probes (`runs.record.window_issue_us`) read the host better than the bracketing ones
+(`runs.record.bracketing_issue_us`), 3.9% against 8.2%, and the fit and `validate` now take them where a run
+has them (`runs.record.probed_issue_us`). Errors are 100 (predicted - measured) / measured,
 at the profile's host, at the bracketing probes and at the median of the probes within the window.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from models.predict import predict  # noqa: E402
 from models.profile import ProfileError, load_profile  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
 from runs.measured import run_files, to_measured_run  # noqa: E402
-from runs.record import probed_issue_us, window_issue_us  # noqa: E402
+from runs.record import bracketing_issue_us, window_issue_us  # noqa: E402
 
 READINGS = ("profile_host", "bracketing_probes", "window_probes")
 
@@ -44,7 +45,7 @@ def rows(paths, profile) -> list[Row]:
     for path in paths:
         for record in read_records(path):
             probe, stage = record.result.host_probe, record.candidate.zero_stage
-            bracketing, window = probed_issue_us(probe, stage), window_issue_us(probe)
+            bracketing, window = bracketing_issue_us(probe, stage), window_issue_us(probe)
             if record.result.status != "ok" or not bracketing or not window:
                 continue
             run = to_measured_run(record)

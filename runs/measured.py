@@ -17,7 +17,7 @@ from pathlib import Path
 
 from models.fit import MeasuredRun
 from runs.jsonl import RunFileError, read_records
-from runs.record import RunRecord, RunResult, geometric_mean, probed_issue_us, probes_bracket_window
+from runs.record import RunRecord, RunResult, geometric_mean, probed_issue_us, probes_read_window
 from runs.store import RunStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -164,8 +164,8 @@ def lease_issue_us(records: list[RunRecord]) -> dict[str, float]:
 
 
 def on_lease_host(record: RunRecord, lease_us: dict[str, float]) -> RunRecord:
-    """The record at the best measure of the host its window had: its own probes where they bracket the
-    window; else its lease's issue time (`lease_issue_us`) where the lease probed its host; else unchanged.
+    """The record at the best measure of the host its window had: its own probes where they read the
+    window (within it or on both sides); else its lease's issue time (`lease_issue_us`) where the lease probed its host; else unchanged.
 
     A lent host drifts within minutes: one lease ran the same 256-token step from 0.11 to 0.21 s in
     eleven minutes, whichever CPU it was pinned to (machine AD, 2026-12-02, data/runs/README.md). The
@@ -175,7 +175,7 @@ def on_lease_host(record: RunRecord, lease_us: dict[str, float]) -> RunRecord:
     issue = lease_us.get(lease_of(record))
     zero_stage = record.candidate.zero_stage
     if (issue is None or not probed_issue_us(record.result.host_probe, zero_stage)
-            or probes_bracket_window(record.result.host_probe, zero_stage)):
+            or probes_read_window(record.result.host_probe, zero_stage)):
         return record
     probe = {**record.result.host_probe, "issue_us_per_layer": issue, "issue_us_per_layer_window_start": None,
              "issue_us_per_layer_after": None}

@@ -8,7 +8,7 @@ import torch
 
 from calibration.harness.host_probe import combine, reprobe_issue
 from calibration.microbench.cpu import issue_us_per_layer
-from runs.record import probed_issue_us, probes_bracket_window
+from runs.record import probed_issue_us, probes_read_window
 
 
 def test_the_job_takes_its_slowest_rank():
@@ -78,12 +78,21 @@ def test_the_probe_right_before_the_window_stands_for_the_one_before_the_model()
 
 def test_probes_bracket_the_window_only_where_both_sides_count():
     both = {"issue_us_per_layer": 100.0, "issue_us_per_layer_after": 120.0}
-    assert probes_bracket_window(both, 2)
-    assert not probes_bracket_window({**both, "issue_us_per_layer_after": None}, 2)
-    assert not probes_bracket_window({**both, "issue_us_per_layer": None}, 2)  # an after-probe alone is no measure
-    assert not probes_bracket_window(both, 3)  # ZeRO-3's unmarked after-probe timed the wrapper
-    assert probes_bracket_window({**both, "issue_probe_linear": "torch"}, 3)
-    assert not probes_bracket_window(None, 0)
+    assert probes_read_window(both, 2)
+    assert not probes_read_window({**both, "issue_us_per_layer_after": None}, 2)
+    assert not probes_read_window({**both, "issue_us_per_layer": None}, 2)  # an after-probe alone is no measure
+    assert not probes_read_window(both, 3)  # ZeRO-3's unmarked after-probe timed the wrapper
+    assert probes_read_window({**both, "issue_probe_linear": "torch"}, 3)
+    assert not probes_read_window(None, 0)
+    assert probes_read_window({"issue_us_per_layer": 100.0, "issue_us_per_layer_in_window": [90.0, 95.0]}, 3)
+    assert not probes_read_window({"issue_us_per_layer": 100.0, "issue_us_per_layer_in_window": [90.0]}, 2)
+
+
+def test_a_run_probed_within_its_window_is_taken_at_those_probes_else_at_the_probes_around_it():
+    around = {"issue_us_per_layer": 100.0, "issue_us_per_layer_after": 400.0}
+    assert probed_issue_us({**around, "issue_us_per_layer_in_window": [150.0, None, 130.0, 170.0]}, 2) == 150.0
+    assert probed_issue_us({**around, "issue_us_per_layer_in_window": [150.0]}, 2) == 200.0  # one reading: around
+    assert probed_issue_us({"issue_us_per_layer": None, "issue_us_per_layer_in_window": [90.0, 110.0]}, 2) == 100.0
 
 
 def test_the_probe_times_torchs_linear_and_leaves_a_replacement_in_place(monkeypatch):
