@@ -41,7 +41,7 @@ from calibration.harness.memory_cap import UNCAPPED, noted_factor  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
 from runs.measured import gather_records, run_files, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
-from models.fit import ProfileFit, pool_beyond_share_gib, with_memory_nodes, with_values  # noqa: E402
+from models.fit import pool_beyond_share_gib, runs_with_pool as pooled, with_pool_of  # noqa: E402
 from models.params import count_params  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import ProfileError, load_profile  # noqa: E402
@@ -119,14 +119,14 @@ def machine_of(path: str | Path) -> str:
 
 def runs_with_pool(records) -> list:
     """The records that convert to measured runs (`to_measured_run`) and measured a pool beside their
-    allocated peak (`ProfileFit._pooled`)."""
+    allocated peak (`models.fit.runs_with_pool`)."""
     runs = []
     for record in records:
         try:
             runs.append(to_measured_run(record))
         except ValueError:
             continue
-    return ProfileFit._pooled(runs)
+    return pooled(runs)
 
 
 def pool_beyond_share(paths, profile) -> dict[tuple[str, int], list[float]]:
@@ -145,12 +145,7 @@ def held_out_by_model(paths, profile) -> list[tuple[float, str]]:
     runs = runs_with_pool(gather_records(paths))
     out = []
     for name in sorted({r.workload.arch.name for r in runs}):
-        others = [r for r in runs if r.workload.arch.name != name]
-        shares = ProfileFit._fragmentation(others)
-        pool = ProfileFit._collective_pool(others, shares, profile)
-        values = {field: value for field, (value, _) in shares.items()}
-        values["memory.collective_pool"] = pool[0] if pool else 0.0
-        fold = with_values(with_memory_nodes(profile, values), values)
+        fold = with_pool_of(profile, [r for r in runs if r.workload.arch.name != name])
         for r in runs:
             if r.workload.arch.name == name:
                 predicted = predict(r.workload, r.strategy, fold).reserved_gpu_mem_gib

@@ -175,6 +175,48 @@ def with_memory_nodes(profile: HardwareProfile, values: dict[str, float]) -> Har
     return profile.model_copy(update={"memory": memory})
 
 
+def runs_with_pool(runs: list[MeasuredRun]) -> list[MeasuredRun]:
+    """The runs that measured torch's reserved pool beside their allocated peak: what the pool's figures
+    are fitted to."""
+    return [r for r in runs if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0]
+
+
+def fragmentation_of(runs: list[MeasuredRun]) -> dict[str, tuple[float, int]]:
+    """Caching-allocator overhead, median of reserved / allocated - 1 over runs that measured
+    both, apart for each kind of step (`FRAGMENTATION_FIELDS`: optimizer offload and checkpointing,
+    each with and without the other): {profile path: (value, runs)}. Multi-GPU runs count here too: taking the
+    shares from one-GPU runs alone lowered the checkpointed one below what a capped one-GPU step
+    was measured to need (benchmarks/memory_accuracy.py --need)."""
+    ratios: dict[str, list[float]] = {}
+    for r in runs_with_pool(runs):
+        field = f"memory.{list(FRAGMENTATION_FIELDS)[fragmentation_kind(r)]}"
+        ratios.setdefault(field, []).append(r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib)
+    return {name: (float(np.clip(np.median(v) - 1.0, 0.0, 1.0)), len(v)) for name, v in ratios.items()}
+
+
+def collective_pool_of(runs: list[MeasuredRun], fragmentation: dict[str, tuple[float, int]],
+                       base: HardwareProfile) -> tuple[float, int] | None:
+    """What the pool of a step whose ranks exchange data holds beyond its fragmentation share:
+    median over runs on more than one GPU of reserved - allocated x (1 + share), GiB, not below 0;
+    (value, runs), None without such runs. A share these runs fitted none of is `base`'s."""
+    shares = fragmentation_shares(base.memory)
+    for i, field in enumerate(FRAGMENTATION_FIELDS):
+        shares[i] = fragmentation.get(f"memory.{field}", (shares[i],))[0]
+    extra = [pool_beyond_share_gib(r, shares) for r in runs_with_pool(runs) if r.strategy.gpus > 1]
+    return (max(float(np.median(extra)), 0.0), len(extra)) if extra else None
+
+
+def with_pool_of(profile: HardwareProfile, runs: list[MeasuredRun]) -> HardwareProfile:
+    """`profile` with the pool's figures (fragmentation shares, collective pool) as `runs` give them,
+    as a fit sets them; the rest of `profile` as it is. For checking those figures on runs held out."""
+    fragmentation = fragmentation_of(runs)
+    values = {name: value for name, (value, _) in fragmentation.items()}
+    pool = collective_pool_of(runs, fragmentation, profile)
+    if pool is not None:
+        values["memory.collective_pool"] = pool[0]
+    return with_values(with_memory_nodes(profile, values), values)
+
+
 @dataclass(frozen=True)
 class RunPredictions:
     """Predictions for a list of runs, in the same order, as arrays."""
@@ -320,9 +362,8 @@ class ProfileFit:
             fitted.update(self._fit_stage(stage, values, base_profile, residuals, start, warm_start or {}, informed))
             values.update({name: f.value for name, f in fitted.items()})
 
-        self.fragmentation_ = self._fragmentation(runs) if self.fit_memory else None
-        self.collective_pool_ = (self._collective_pool(runs, self.fragmentation_, base_profile)
-                                 if self.fit_memory else None)
+        self.fragmentation_ = fragmentation_of(runs) if self.fit_memory else None
+        self.collective_pool_ = collective_pool_of(runs, self.fragmentation_, base_profile) if self.fit_memory else None
         self.host_process_ = self._host_process(runs) if self.fit_memory else None
         self.parameters_ = fitted
         self.values_ = {name: f.value for name, f in fitted.items() if f.informed}
@@ -370,38 +411,6 @@ class ProfileFit:
         return {p.name: FittedParameter(p.name, p.kind, float(start[p.name]), float(x_final[j]),
                                         None if np.isnan(std[j]) else float(std[j]), bool(free[j]))
                 for j, p in enumerate(stage)}
-
-    @staticmethod
-    def _fragmentation_field(r: MeasuredRun) -> str:
-        return f"memory.{list(FRAGMENTATION_FIELDS)[fragmentation_kind(r)]}"
-
-    @staticmethod
-    def _pooled(runs: list[MeasuredRun]) -> list[MeasuredRun]:
-        return [r for r in runs if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0]
-
-    @classmethod
-    def _fragmentation(cls, runs: list[MeasuredRun]) -> dict[str, tuple[float, int]]:
-        """Caching-allocator overhead, median of reserved / allocated - 1 over runs that measured
-        both, apart for each kind of step (`FRAGMENTATION_FIELDS`: optimizer offload and checkpointing,
-        each with and without the other): {profile path: (value, runs)}. Multi-GPU runs count here too: taking the
-        shares from one-GPU runs alone lowered the checkpointed one below what a capped one-GPU step
-        was measured to need (benchmarks/memory_accuracy.py --need)."""
-        ratios: dict[str, list[float]] = {}
-        for r in cls._pooled(runs):
-            ratios.setdefault(cls._fragmentation_field(r), []).append(r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib)
-        return {name: (float(np.clip(np.median(v) - 1.0, 0.0, 1.0)), len(v)) for name, v in ratios.items()}
-
-    @classmethod
-    def _collective_pool(cls, runs: list[MeasuredRun], fragmentation: dict[str, tuple[float, int]],
-                         base: HardwareProfile) -> tuple[float, int] | None:
-        """What the pool of a step whose ranks exchange data holds beyond its fragmentation share:
-        median over runs on more than one GPU of reserved - allocated x (1 + share), GiB, not below 0;
-        (value, runs), None without such runs. A share these runs fitted none of is `base`'s."""
-        shares = fragmentation_shares(base.memory)
-        for i, field in enumerate(FRAGMENTATION_FIELDS):
-            shares[i] = fragmentation.get(f"memory.{field}", (shares[i],))[0]
-        extra = [pool_beyond_share_gib(r, shares) for r in cls._pooled(runs) if r.strategy.gpus > 1]
-        return (max(float(np.median(extra)), 0.0), len(extra)) if extra else None
 
     @staticmethod
     def _host_process_runs(runs: list[MeasuredRun]) -> list[MeasuredRun]:

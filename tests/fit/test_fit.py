@@ -13,9 +13,12 @@ from models.fit import (
     MeasuredRun,
     ProfileFit,
     RunEvaluator,
+    collective_pool_of,
     default_parameters,
     fitted_run_ids,
+    fragmentation_of,
     get_value,
+    with_pool_of,
     with_values,
 )
 from models.predict import predict
@@ -94,21 +97,25 @@ def test_the_reserved_pool_is_fitted_by_offload_and_checkpointing_then_collectiv
         return r.peak_gpu_mem_gib * (1.0 + share) + (3.0 if r.strategy.gpus > 1 else 0.0)
 
     one_gpu = [dataclasses.replace(r, peak_gpu_reserved_gib=reserved(r)) for r in all_runs if r.strategy.gpus == 1]
-    fitted = ProfileFit._fragmentation(one_gpu)
+    fitted = fragmentation_of(one_gpu)
     assert {k: round(v, 9) for k, (v, _) in fitted.items()} == {
         "memory.fragmentation": 0.10, "memory.fragmentation_checkpointed": 0.25, "memory.fragmentation_offload": 0.15,
         "memory.fragmentation_offload_checkpointed": 0.40}
     assert sum(n for _, n in fitted.values()) == len(one_gpu)
-    assert ProfileFit._collective_pool(one_gpu, fitted, base) is None  # no run on more than one GPU
+    assert collective_pool_of(one_gpu, fitted, base) is None  # no run on more than one GPU
     runs = [dataclasses.replace(r, peak_gpu_reserved_gib=reserved(r)) for r in all_runs]
     several = sum(r.strategy.gpus > 1 for r in runs)
     assert 0 < several < len(runs) / 2  # the shares' medians stay the one-GPU runs'
-    value, count = ProfileFit._collective_pool(runs, ProfileFit._fragmentation(runs), base)
+    value, count = collective_pool_of(runs, fragmentation_of(runs), base)
     assert value == pytest.approx(3.0) and count == several
     model = ProfileFit(parameters=(FitParameter("overheads.step", 0.0, 5.0, 0.05, "time"),)).fit(runs, base)
     pool = model.profile_.memory.collective_pool
     assert pool.value == pytest.approx(3.0) and pool.source.startswith("fitted:")
     assert model.profile_.fit.prefit["memory.collective_pool"] == base.memory.collective_pool
+    held_out = with_pool_of(base, runs)  # the same figures, set without a fit
+    assert held_out.memory.collective_pool.value == pytest.approx(3.0)
+    assert held_out.memory.fragmentation_offload_checkpointed.value == pytest.approx(0.40)
+    assert held_out.memory.fragmentation.value == pytest.approx(0.10)
 
 
 def test_constants_no_run_informs_are_kept(specs, base):
