@@ -37,7 +37,7 @@ from runs.measured import (gather_records, lease_of, run_identity, timed_on_thei
                            to_measured_run, unique_records)
 
 # Run files whose settings were measured again because they fitted worst, or to study the host's noise.
-CHOSEN_FOR_NOISE = ("rebracket", "host-variance", "host-noise", "zero3-lease", "zero3-process")
+CHOSEN_FOR_NOISE = ("rebracket", "host-variance", "host-noise", "zero3-lease", "zero3-process", "window-probes-2")
 MEAN_ABS_OVER_SD = 0.8  # E|x - mu| / sd of a normal spread
 
 
