@@ -19,10 +19,12 @@ import numpy as np
 from models.band import regime_of
 
 DEFAULT_ROUNDS = 3
-# How far one setting's step time scatters from one run to the next on one host, sd of log (within one
-# lease: 19 GPU-bound and 27 host-bound measurements, `benchmarks/repeat_scatter.py --keep-chosen`,
-# 2026-12-04; one host-bound ZeRO-3 step ran 0.52-0.65 s in three processes on one machine).
-REPEAT_SD_LOG = {"gpu_bound": 0.041, "host_bound": 0.098}
+# How far one setting's measured step time scatters from one run to the next on one host, sd of log:
+# the raw times, as the first round compares them (within one lease: 31 GPU-bound and 27 host-bound
+# measurements, `benchmarks/repeat_scatter.py --keep-chosen`, its raw column, 2026-12-04; one host-bound
+# ZeRO-3 step ran 0.52-0.65 s in three processes on one machine). The same runs set at the hosts their
+# probes read scatter 0.032 and 0.098: the figures until 2026-12-04, too narrow for raw times.
+REPEAT_SD_LOG = {"gpu_bound": 0.022, "host_bound": 0.155}
 # A lead of this many standard errors over the rounds is taken as a real one.
 SEPARATED_AT_STDERRS = 2.0
 
@@ -96,7 +98,7 @@ def repeat_note(host_share: float | None) -> str | None:
 def repeat_margin(regime: str, pick_regime: str) -> float:
     """How far apart one run each of two equal candidates can come out (two standard deviations of
     their log difference, `REPEAT_SD_LOG`): closer than this, a first round cannot rank them. Two
-    GPU-bound steps 12%, two host-bound ones 28%."""
+    GPU-bound steps 6%, two host-bound ones 44%."""
     return 2.0 * math.hypot(REPEAT_SD_LOG[regime], REPEAT_SD_LOG[pick_regime])
 
 

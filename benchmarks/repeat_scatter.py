@@ -11,7 +11,8 @@ GPU-bound and host-bound steps (`models.band.regime_of` at the profile's host), 
 within one lease (a closed loop's interleaved rounds). If every run scattered so, a model exact on
 average would still miss a single run by about 0.8 times that (the mean absolute deviation of a
 normal spread). Sweeps that re-measured settings because they fitted worst or to study the host's
-noise (`CHOSEN_FOR_NOISE`) are left out unless --keep-chosen: they would bias the figure up.
+noise (`CHOSEN_FOR_NOISE`) are left out unless --keep-chosen: they would bias the figure up. Beside it,
+the same runs' raw step times: how much the host probes take out.
 """
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ class Scatter:
     settings: int
     measurements: int
     sd_log: float
+    sd_log_raw: float  # the same runs' measured step times, no host taken out
 
 
 def log_residuals(paths: list[str], profile) -> dict[tuple[str, str], list[tuple[str, float]]]:
-    """{(setting, regime): [(lease, log(measured / predicted on its probed host)), ...]}."""
+    """{(setting, regime): [(lease, log(measured / predicted on its probed host), log measured), ...]}."""
     out = defaultdict(list)
     for record in timed_on_their_hosts(unique_records(gather_records(paths))):
         try:
@@ -63,7 +65,8 @@ def log_residuals(paths: list[str], profile) -> dict[tuple[str, str], list[tuple
         regime = regime_of(predict(run.workload, run.strategy, profile).host_share)
         predicted = predict(run.workload, run.strategy, run.on_its_host(profile)).step_time_s
         lease = lease_of(record) or record.date[:13]  # a run that names no lease: the hour it ran
-        out[(run_identity(record), regime)].append((lease, float(np.log(run.step_time_s / predicted))))
+        out[(run_identity(record), regime)].append((lease, float(np.log(run.step_time_s / predicted)),
+                                                     float(np.log(run.step_time_s))))
     return out
 
 
@@ -81,11 +84,11 @@ def scatter(residuals: dict) -> list[Scatter]:
     rows = []
     for regime in ("gpu_bound", "host_bound"):
         mine = [v for (_, r), v in residuals.items() if r == regime]
-        across = [[x for _, x in v] for v in mine]
-        within = [[x for lease, x in v if lease == l] for v in mine for l in {lease for lease, _ in v}]
+        across = mine
+        within = [[x for x in v if x[0] == lease] for v in mine for lease in {x[0] for x in v}]
         for scope, groups in (("across leases", across), ("within one lease", within)):
-            n, m, sd = pooled(groups)
-            rows.append(Scatter(regime, scope, n, m, sd))
+            n, m, sd = pooled([[x[1] for x in g] for g in groups])
+            rows.append(Scatter(regime, scope, n, m, sd, pooled([[x[2] for x in g] for g in groups])[2]))
     return rows
 
 
@@ -108,15 +111,18 @@ def main(argv=None) -> int:
     rows = scatter(log_residuals(paths, profile))
     if args.json:
         print(json.dumps({"run_files": paths, "rows": [{**asdict(r), "sd_log": None if not r.settings else r.sd_log,
+                                                       "sd_log_raw": None if not r.settings else r.sd_log_raw,
                                                        "floor_mape": None if not r.settings else MEAN_ABS_OVER_SD * r.sd_log}
                                                       for r in rows]}))
         return 0
     table = Table(title=f"one setting measured again, step time at each run's probed host ({len(paths)} run files)")
-    for col in ("regime", "scope", "settings", "measurements", "sd of log time", "floor on one run (MAPE)"):
+    for col in ("regime", "scope", "settings", "measurements", "sd of log time", "raw (no host taken out)",
+                "floor on one run (MAPE)"):
         table.add_column(col, justify="left" if col in ("regime", "scope") else "right")
     for row in rows:
         table.add_row(row.regime, row.scope, str(row.settings), str(row.measurements),
                       "-" if not row.settings else f"{row.sd_log:.3f}",
+                      "-" if not row.settings else f"{row.sd_log_raw:.3f}",
                       "-" if not row.settings else f"{MEAN_ABS_OVER_SD * row.sd_log:.1%}")
     Console(width=140).print(table)
     return 0

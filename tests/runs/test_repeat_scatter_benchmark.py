@@ -28,11 +28,12 @@ def test_pooling_weighs_each_setting_by_its_degrees_of_freedom_and_skips_single_
 
 
 def test_within_one_lease_compares_only_measurements_of_the_same_lease():
-    residuals = {("a", "host_bound"): [("L1", 0.0), ("L1", 0.1), ("L2", 0.5)],
-                 ("b", "gpu_bound"): [("L1", 0.0), ("L2", 0.02)]}
+    residuals = {("a", "host_bound"): [("L1", 0.0, -1.0), ("L1", 0.1, -0.7), ("L2", 0.5, 0.0)],
+                 ("b", "gpu_bound"): [("L1", 0.0, 1.0), ("L2", 0.02, 1.0)]}
     rows = {(r.regime, r.scope): r for r in scatter(residuals)}
     within = rows[("host_bound", "within one lease")]
     assert (within.settings, within.measurements) == (1, 2) and within.sd_log == pytest.approx(np.sqrt(0.005))
+    assert within.sd_log_raw == pytest.approx(np.sqrt(0.045))  # the raw times, no host taken out
     assert rows[("host_bound", "across leases")].measurements == 3
     assert rows[("gpu_bound", "within one lease")].settings == 0  # its two measurements ran on two leases
 
@@ -41,8 +42,8 @@ def test_the_shipped_loop_rounds_give_each_repeated_setting_its_lease():
     rounds = str(REPO / "data" / "runs" / "h200-x1-loop-rounds-2026-12-02.jsonl")
     residuals = log_residuals([rounds], load_profile("h200"))
     repeated = [v for v in residuals.values() if len(v) >= 2]
-    assert repeated and all(len({lease for lease, _ in v}) == 1 for v in repeated)  # one machine, AI
-    assert all(abs(x) < 1.0 for v in residuals.values() for _, x in v)  # within a factor e of the model
+    assert repeated and all(len({lease for lease, _, _ in v}) == 1 for v in repeated)  # one machine, AI
+    assert all(abs(x) < 1.0 for v in residuals.values() for _, x, _ in v)  # within a factor e of the model
 
 
 def test_two_machines_in_one_hour_are_two_leases(tmp_path):
@@ -61,7 +62,7 @@ def test_two_machines_in_one_hour_are_two_leases(tmp_path):
         append_record(out, dataclasses.replace(record, result=result, date=f"2026-12-01T07:{minute}:00+00:00",
                                                notes=[f"lent 1x H200 machine {name} of 2026-12-01"]))
     (measurements,) = log_residuals([str(out)], load_profile("h200")).values()
-    assert sorted(lease for lease, _ in measurements) == ["machine D of 2026-12-01", "machine E of 2026-12-01"]
+    assert sorted(lease for lease, _, _ in measurements) == ["machine D of 2026-12-01", "machine E of 2026-12-01"]
 
 
 def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
