@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from models.predict import predict
+from models.profile import load_profile
+from runs.jsonl import read_records
+from runs.measured import to_measured_run
 from runs.record import window_issue_us
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,9 +36,15 @@ def test_each_run_is_predicted_at_the_probes_around_and_within_its_window():
     by_label = {r["label"]: r for r in out["runs"]}
     z3 = by_label["qwen2.5-1.5b 1024 z3 ckpt 1gpu 16thr window-probes"]
     assert z3["bracketing_us"] == pytest.approx((174.0 * 151.6) ** 0.5, rel=0.001)  # the geometric mean around it
-    assert z3["errors_pct"]["window_probes"] == pytest.approx(-4.2, abs=0.1)
-    assert out["mape_pct"]["bracketing_probes"] == pytest.approx(7.1, abs=0.1)
-    assert out["mape_pct"]["window_probes"] == pytest.approx(6.3, abs=0.1)
+    record = next(r for r in read_records(RUNS) if r.candidate.label == z3["label"])
+    assert z3["window_us"] == window_issue_us(record.result.host_probe)
+    run, profile = to_measured_run(record), load_profile("h200")
+    at_window = predict(run.workload, run.strategy, profile.on_host(z3["window_us"] * 1e-6)).step_time_s
+    assert z3["errors_pct"]["window_probes"] == pytest.approx(100.0 * (at_window / run.step_time_s - 1.0))
+    assert z3["errors_pct"]["window_probes"] != pytest.approx(z3["errors_pct"]["bracketing_probes"], abs=0.5)
+    for reading in ("profile_host", "bracketing_probes", "window_probes"):
+        mean_abs = sum(abs(r["errors_pct"][reading]) for r in out["runs"]) / 4
+        assert out["mape_pct"][reading] == pytest.approx(mean_abs)
     none = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(REPO / "data/runs/h200-x4node.jsonl")],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert none.returncode == 1 and "no run was probed" in none.stderr
