@@ -120,12 +120,14 @@ def default_allocator_reserved_gib(result: RunResult) -> float | None:
 
 def mean_of_repeats(records: list[RunRecord]) -> RunRecord:
     """One record for a candidate measured more than once (date order): the geometric mean of the
-    step times and of the GPU energies, the rest the latest's. Repeats are the same step on other
-    hosts of one kind, which ran host-bound steps 1.2-1.8x apart (2026-12-01); the model predicts the
-    typical host, and one run per candidate keeps leave-one-out from meeting a twin of the run it
-    left out. The host's issue time is the geometric mean of the repeats' probes too, and unknown
-    unless every repeat probed its host."""
-    latest = records[-1]
+    step times and of the GPU energies, the rest the latest's that ran torch's default allocator (whose
+    pool the model predicts; a run with expandable segments repeats its step but not its pool), else the
+    latest's. Repeats are the same step on other hosts of one kind, which ran host-bound steps 1.2-1.8x
+    apart (2026-12-01); the model predicts the typical host, and one run per candidate keeps
+    leave-one-out from meeting a twin of the run it left out. The host's issue time is the geometric
+    mean of the repeats' probes too, and unknown unless every repeat probed its host."""
+    default_allocator = [r for r in records if not r.result.machine.get("cuda_alloc_conf")]
+    latest = (default_allocator or records)[-1]
     if len(records) == 1:
         return latest
     energies = [r.result.gpu_energy_j for r in records if r.result.gpu_energy_j]

@@ -95,6 +95,20 @@ def test_reserved_memory_under_another_allocator_setting_is_not_the_models(recor
     assert other.peak_gpu_mem_gib == default.peak_gpu_mem_gib and other.step_time_s == default.step_time_s
 
 
+def test_a_repeat_under_another_allocator_setting_keeps_its_default_twins_pool(records):
+    """A step measured with the default allocator and again with expandable segments is one run: its
+    time the mean of both, its pool the default allocator's, whichever ran last."""
+    record = records[2]
+    machine = {**record.result.machine, "cuda_alloc_conf": "expandable_segments:True"}
+    later = RunRecord(record.key, "2026-12-09T10:00:00+00:00", record.candidate,
+                      dataclasses.replace(record.result, machine=machine, step_time_s=4 * record.result.step_time_s,
+                                          peak_gpu_reserved_gib=1.0))
+    run = to_run_set([record, later]).runs[0]
+    assert run.peak_gpu_reserved_gib == record.result.peak_gpu_reserved_gib is not None
+    assert run.step_time_s == pytest.approx(2 * record.result.step_time_s)  # the geometric mean of both
+    assert to_run_set([later]).runs[0].peak_gpu_reserved_gib is None  # alone, it has no pool of the model's
+
+
 def test_a_run_under_a_capped_memory_pool_is_not_a_run_of_its_step(records):
     """Under a cap the allocator frees and refills its cache (calibration.harness.memory_cap): the fit
     and the memory comparisons leave such a run out, and say why."""
