@@ -167,7 +167,8 @@ def lease_issue_us(records: list[RunRecord]) -> dict[str, float]:
 
 def on_lease_host(record: RunRecord, lease_us: dict[str, float]) -> RunRecord:
     """The record at the best measure of the host its window had: its own probes where they read the
-    window (within it or on both sides); else its lease's issue time (`lease_issue_us`) where the lease probed its host; else unchanged.
+    window (within it or on both sides); else its lease's issue time (`lease_issue_us`) where the lease
+    probed its host; else unchanged.
 
     A lent host drifts within minutes: one lease ran the same 256-token step from 0.11 to 0.21 s in
     eleven minutes, whichever CPU it was pinned to (machine AD, 2026-12-02, data/runs/README.md). The
