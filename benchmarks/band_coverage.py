@@ -30,7 +30,7 @@ from models.fit import MeasuredRun, fitted_run_ids  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import HardwareProfile, ProfileError, load_profile, profile_path  # noqa: E402
 from runs.jsonl import RunFileError  # noqa: E402
-from runs.measured import EXCLUDED_RUNS, gather_records, run_files, to_run_set  # noqa: E402
+from runs.measured import EXCLUDED_RUNS, add_runs_option, gather_records, run_files, to_run_set  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def unfitted_runs(paths: list[Path], profile: HardwareProfile) -> tuple[list[Mea
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", action="append", help="glob of run files (repeatable); default: the shipped runs")
+    add_runs_option(p)
     p.add_argument("--profile", default="h200")
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = p.parse_args(argv)

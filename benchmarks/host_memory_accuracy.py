@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runs.measured import gather_records, run_files, to_measured_run  # noqa: E402
+from runs.measured import add_runs_option, gather_records, run_files, to_measured_run  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import load_profile  # noqa: E402
 
@@ -36,7 +36,7 @@ def path_of(strategy) -> str | None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", action="append", help="glob of run files (repeatable); default: the shipped runs")
+    add_runs_option(p)
     p.add_argument("--profile", default="h200")
     args = p.parse_args(argv)
     profile = load_profile(args.profile)

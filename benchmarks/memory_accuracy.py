@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from calibration.harness.memory_cap import UNCAPPED, noted_factor  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
-from runs.measured import gather_records, run_files, to_measured_run  # noqa: E402
+from runs.measured import add_runs_option, gather_records, run_files, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
 from models.fit import pool_beyond_share_gib, runs_with_pool as pooled, with_pool_of  # noqa: E402
 from models.params import count_params  # noqa: E402
@@ -166,7 +166,7 @@ def print_by_gpus(groups: dict[tuple[str, int], list[float]]) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", action="append", help="glob of run files (repeatable); default: the shipped runs")
+    add_runs_option(p)
     p.add_argument("--profile", default="h200")
     p.add_argument("--reserved", action="store_true", help="also show reserved memory and the predicted peak")
     p.add_argument("--by-gpus", action="store_true",

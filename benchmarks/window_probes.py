@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.predict import predict  # noqa: E402
 from models.profile import ProfileError, load_profile  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
-from runs.measured import run_files, to_measured_run  # noqa: E402
+from runs.measured import add_runs_option, run_files, to_measured_run  # noqa: E402
 from runs.record import bracketing_issue_us, window_issue_us  # noqa: E402
 
 READINGS = ("profile_host", "bracketing_probes", "window_probes")
@@ -65,7 +65,7 @@ def mape(found: list[Row], reading: str) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--runs", action="append", help="glob of run files (repeatable); default: the shipped runs")
+    add_runs_option(p)
     p.add_argument("--profile", default="h200")
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = p.parse_args(argv)

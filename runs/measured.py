@@ -7,6 +7,7 @@ validate` and the benchmarks see the same runs.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
 import re
@@ -240,6 +241,11 @@ def shipped_run_files(with_excluded: bool = True) -> list[Path]:
     (excluded/), whose memory and committed predictions are still checked."""
     kept_out = sorted(EXCLUDED_RUNS.glob("*.jsonl")) if with_excluded else []
     return kept_out + sorted(SHIPPED_RUNS.glob("*.jsonl"))
+
+
+def add_runs_option(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's repeatable --runs option, whose globs `run_files` reads."""
+    parser.add_argument("--runs", action="append", help="glob of run files (repeatable); default: the shipped runs")
 
 
 def run_files(patterns: list[str] | None) -> list[Path]:
