@@ -35,6 +35,12 @@ def band_fields(band: Band | None, step_time_s: float, energy_j: float, host_sha
             "band_regime": regime, "reserved_gpu_mem_gib_band": pool, "peak_gpu_mem_gib_band": peak}
 
 
+def with_bands(band: Band | None, point: dict) -> dict:
+    """A search point (`SearchResult.point`) with its bands (`band_fields`) beside its figures."""
+    return {**point, **band_fields(band, point["step_time_s"], point["energy_j"], point["host_share"],
+                                   point["reserved_gpu_mem_gib"], point["peak_gpu_mem_gib"])}
+
+
 def pool_band_note(peak_gpu_mem_gib_band: list[float] | None, gpu_memory_gib: float, level: float | None) -> str | None:
     """A note where the peak fits as predicted but its band reaches past the GPU's memory; None otherwise."""
     if peak_gpu_mem_gib_band is None or level is None or peak_gpu_mem_gib_band[1] <= gpu_memory_gib:

@@ -215,15 +215,9 @@ def to_contend(measured: list[Measured], verdict: Verdict, max_slowdown: float, 
 
 def plan_dict(result: SearchResult, chosen: list[Chosen], band: Band | None, seq_len: int) -> list[dict]:
     """The chosen strategies with their predictions and bands, as committed before any run."""
-    from advisor.bands import band_fields
+    from advisor.bands import with_bands
 
-    out = []
-    for ch in chosen:
-        point = result.point(ch.index, seq_len)
-        out.append({"why": ch.why, **point,
-                    **band_fields(band, point["step_time_s"], point["energy_j"], point["host_share"],
-                                  point["reserved_gpu_mem_gib"], point["peak_gpu_mem_gib"])})
-    return out
+    return [{"why": ch.why, **with_bands(band, result.point(ch.index, seq_len))} for ch in chosen]
 
 
 def measured_dict(m: Measured, verdict: Verdict, i: int) -> dict:

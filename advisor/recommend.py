@@ -153,7 +153,7 @@ class RecommendRequest:
 
 def recommend_run(req: RecommendRequest) -> SearchResult:
     from advisor.alternatives import alternatives
-    from advisor.bands import band_fields, pool_band_note, profile_band
+    from advisor.bands import pool_band_note, profile_band, with_bands
     from advisor.host_check import host_bound_notes
     from advisor.launch import launch
     from models.ds_config import to_ds_config
@@ -177,9 +177,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
     others = alternatives(result, req.objective, req.max_slowdown)
 
     def point(i):
-        p = result.point(i, workload.seq_len)
-        return {**p, **band_fields(band, p["step_time_s"], p["energy_j"], p["host_share"], p["reserved_gpu_mem_gib"],
-                                   p["peak_gpu_mem_gib"])}
+        return with_bands(band, result.point(i, workload.seq_len))
 
     loop = None
     if req.loop is not None:
@@ -193,12 +191,13 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
     chosen = result.candidates.strategies[pick]
     config = to_ds_config(chosen, arch)
     line = launch(chosen, threads_of(chosen, profile), config_path=req.out_ds_config or "ds_config.json")
-    pool_note = pool_band_note(point(pick)["peak_gpu_mem_gib_band"], problem.gpu_memory_gib, band.level if band else None)
+    recommended = point(pick)
+    pool_note = pool_band_note(recommended["peak_gpu_mem_gib_band"], problem.gpu_memory_gib, band.level if band else None)
     lines = search_notes(result, req.global_batch, notes + thread_warnings(chosen, profile)
                          + host_bound_notes(predict(workload, chosen, profile)) + ([pool_note] if pool_note else []))
     if req.as_json:
         click.echo(json.dumps({
-            "recommended": point(pick),
+            "recommended": recommended,
             "model_pick": point(result.pick),
             "pareto": [point(i) for i in result.pareto],
             "alternatives": [a.to_dict(result) for a in others],
