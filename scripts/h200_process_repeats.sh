@@ -7,6 +7,7 @@
 # at the host its window's probes read repeats closer than its raw time (benchmarks/repeat_scatter.py).
 #   bash scripts/h200_process_repeats.sh BUDGET_S SWEEP [PASSES]
 set -u
+[ $# -ge 2 ] || { echo "usage: bash scripts/h200_process_repeats.sh BUDGET_S SWEEP [PASSES]" >&2; exit 2; }
 budget=$1; sweep=$2; passes=${3:-2}
 end=$(( $(date +%s) + budget ))
 OUT=${OUT:-out}; mkdir -p "$OUT"
