@@ -92,6 +92,7 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         local_slots,
         prebuild_local,
         print_progress,
+        print_skip,
         run_validation,
     )
     from calibration.harness.runner import RunSettings
@@ -119,18 +120,21 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
 
     window = WindowSettings(warmup=warmup, steps=steps, min_window_s=min_window_s, precision=precision)
     settings = RunSettings(window=window, timeout_s=timeout_s)
+    beyond_host: list[dict] = []
     with RunStore(store_path or _default_store()) as store:
         left = budget_s - (time.monotonic() - started) if budget_s else None
         records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=left,
-                                 retry=tuple(retry), on_record=print_progress, concurrent=parallel)
+                                 retry=tuple(retry), on_record=print_progress, concurrent=parallel,
+                                 on_skip=lambda c, why: (beyond_host.append({"label": c.label, "reason": why}),
+                                                         print_skip(c, why)))
     host_profile = _profile_or_none(profile)
     comparisons = [compare(r, host_profile) for r in records]
-    skipped = len(candidates) - len(records)
+    skipped = len(candidates) - len(records) - len(beyond_host)
     if as_json:
         click.echo(json.dumps({"profile": profile, "runs": [c.to_dict() for c in comparisons],
-                               "not_run": skipped}))
+                               "not_run": skipped, "beyond_host_memory": beyond_host}))
         return
-    _show(comparisons, profile, skipped, window)
+    _show(comparisons, profile, skipped, window, len(beyond_host))
 
 
 def _profile_or_none(name: str):
@@ -144,7 +148,7 @@ def _profile_or_none(name: str):
         return None
 
 
-def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> None:
+def _show(comparisons, profile: str, skipped: int, window: WindowSettings, beyond_host: int) -> None:
     from rich.table import Table
 
     from advisor.render import console, probed_host_line
@@ -176,4 +180,7 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings) -> No
             out.print(f"{c.label}: {repeats}")
     if skipped:
         out.print(f"{skipped} candidate(s) not run now: already recorded, or past --budget.")
+    if beyond_host:
+        out.print(f"{beyond_host} candidate(s) not run: predicted to need more host memory than this host has "
+                  "available (the [skip] lines).")
     sys.stdout.flush()

@@ -237,9 +237,13 @@ def compare(record: RunRecord, profile=None) -> Comparison:
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,
                    profile: str, deadline_s: float | None = None, retry: tuple[str, ...] = (),
                    on_record: Callable[[RunRecord], None] | None = None, concurrent: bool = True,
-                   skip_stored: bool = True) -> list[RunRecord]:
+                   skip_stored: bool = True,
+                   on_skip: Callable[[Candidate, str], None] | None = None) -> list[RunRecord]:
     """Predict, run and store each candidate not yet in `jsonl_path` (nor in `store`, unless
-    `skip_stored` is False: a repeat); return new records."""
+    `skip_stored` is False: a repeat); return new records. A candidate predicted to need more host
+    memory than this host has available is not run (`on_skip`, else a line on stderr): the profile's
+    host may be larger than the one validating (a 7B offload step on a 125 GiB host, 2026-12-04)."""
+    from calibration.environment import host_memory_available_gib
     from calibration.harness.runner import run_sweep
 
     done = store.done_keys([s for s in ("ok", "oom", "crash", "timeout") if s not in retry]) if skip_stored else set()
@@ -250,8 +254,11 @@ def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir
         if on_record:
             on_record(r)
 
+    if settings.host_memory_gib is None:
+        settings = replace(settings, host_memory_gib=host_memory_available_gib())
     return run_sweep(todo, jsonl_path, workdir, settings, slots, predict=make_predictor(profile),
-                     on_record=record, deadline_s=deadline_s, retry=retry, concurrent=concurrent)
+                     on_record=record, deadline_s=deadline_s, retry=retry, concurrent=concurrent,
+                     on_skip=on_skip or print_skip)
 
 
 def local_slots(parallel: bool = True) -> list:
@@ -284,6 +291,13 @@ def prebuild_local(slots, asked: bool | None = None) -> None:
     if asked if asked is not None else on_gpu:
         report = prebuild_ops(gpu=on_gpu)
         print(f"prebuilt DeepSpeed ops: {json.dumps(report)}", file=sys.stderr)
+
+
+def print_skip(candidate: Candidate, why: str) -> None:
+    """One line on stderr per candidate not started."""
+    import sys
+
+    print(f"[skip] {candidate.model} seq {candidate.seq_len} {candidate.label}: {why}", file=sys.stderr, flush=True)
 
 
 def print_progress(record: RunRecord) -> None:

@@ -43,6 +43,16 @@ def host_memory_gib() -> float | None:
         return None
 
 
+def host_memory_available_gib() -> float | None:
+    """The host memory a new process may take now (psutil's `available`: free plus reclaimable cache)."""
+    try:
+        import psutil
+
+        return psutil.virtual_memory().available / 2**30
+    except ImportError:
+        return None
+
+
 def package_version(name: str) -> str | None:
     try:
         return metadata.version(name)

@@ -44,6 +44,9 @@ class RunSettings:
     timeout_s: float = 600.0
     python: str = sys.executable
     env: dict = field(default_factory=dict)  # added to this process's environment
+    # The host memory the sweep's runs share: a run predicted to need more is not started, and runs
+    # start side by side only while their predicted host peaks fit in it together. None: not checked.
+    host_memory_gib: float | None = None
 
 
 def split_slots(gpus: list[int | None], cpus: list[int] | None = None) -> list[Slot]:
@@ -219,7 +222,7 @@ def _collect(out_path: Path, log_path: Path, returncode: int | None, timed_out: 
     log = log_path.read_text(errors="replace") if log_path.exists() else ""
     if re.search(r"out of memory|OutOfMemoryError|can't allocate memory", log, re.IGNORECASE):
         return RunResult(status="oom", reason=_log_tail(log_path, 2))
-    if re.search(r"exitcode\s*:\s*-9\b|Signals\.SIGKILL|signal 9", log):
+    if returncode == -signal.SIGKILL or re.search(r"exitcode\s*:\s*-9\b|Signals\.SIGKILL|signal 9", log):
         return RunResult(status="oom", reason="a rank was killed by SIGKILL (host out of memory?)")
     setup = bool(re.search(HARNESS_START_FAILURES, log))
     if returncode == 0:  # a user's script that stopped on its own before StepMeter's window was measured
@@ -258,6 +261,7 @@ def run_sweep(
     retry: tuple[str, ...] = (),
     concurrent: bool = True,
     min_run_s: float = 30.0,
+    on_skip: Callable[[Candidate, str], None] | None = None,
 ) -> list[RunRecord]:
     """Run what is not yet in `jsonl_path`, in order, on the free slots; return the new records.
 
@@ -267,7 +271,9 @@ def run_sweep(
     (seconds from now), nor runs past it; a run the deadline stops is not recorded, so the next
     sweep runs it. While the next candidate waits for more GPUs than are free, one later
     candidate that fits may use the idle ones (one per waiting candidate, so it cannot starve).
-    `concurrent=False` runs one candidate at a time."""
+    `concurrent=False` runs one candidate at a time. With `settings.host_memory_gib`, a candidate
+    predicted to need more host memory is not started nor recorded (a host OOM kill costs its minutes
+    and says nothing the prediction did not): `on_skip(candidate, why)` hears of it."""
     slots = slots or [Slot()]
     on_gpus = slots[0].gpu is not None
     done = {r.key for r in read_records(jsonl_path, missing_ok=True) if r.result.status not in retry}
@@ -279,8 +285,26 @@ def run_sweep(
     def need(c: Candidate) -> int:
         return c.gpus if on_gpus else 1  # without GPUs a run's ranks share the host: one at a time
 
+    predictions: dict[str, tuple] = {}
+
+    def prediction(c: Candidate) -> tuple:
+        if c.key() not in predictions:
+            predictions[c.key()] = predict(c) if predict else (None, None, [])
+        return predictions[c.key()]
+
+    def host_gib(c: Candidate) -> float:
+        return float((prediction(c)[0] or {}).get("peak_host_mem_gib") or 0.0)
+
+    def beyond_host(c: Candidate) -> str | None:
+        limit = settings.host_memory_gib
+        if limit is None or host_gib(c) <= limit:
+            return None
+        return f"predicted host peak {host_gib(c):.1f} GiB, this host has {limit:.1f} GiB available: not run"
+
     def may_start(c: Candidate) -> bool:
-        return len(free) >= need(c) and (not running or (concurrent and on_gpus))
+        host_free = (settings.host_memory_gib is None
+                     or host_gib(c) + sum(host_gib(entry[0]) for entry in running.values()) <= settings.host_memory_gib)
+        return len(free) >= need(c) and (not running or (concurrent and on_gpus and host_free))
 
     def time_left() -> float:
         return float("inf") if end is None else end - time.monotonic()
@@ -301,7 +325,7 @@ def run_sweep(
     def launch(pool, c: Candidate):
         nonlocal free
         mine, free = free[: need(c)], free[need(c):]
-        pred = predict(c) if predict else (None, None, [])
+        pred = prediction(c)
         budget = min(settings.timeout_s, time_left())
         future = pool.submit(run_candidate, c, workdir, replace(settings, timeout_s=budget), mine)
         running[future] = [c, mine, pred, 1, budget < settings.timeout_s]
@@ -317,10 +341,14 @@ def run_sweep(
                     pending.pop(0)
                     why = f"needs {head.gpus} GPUs, the machine has {len(slots)}"
                     finish(head, RunResult(status="crash", reason=why), (None, None, []))
+                elif beyond_host(head):
+                    pending.pop(0)
+                    if on_skip:
+                        on_skip(head, beyond_host(head))
                 elif may_start(head):
                     launch(pool, pending.pop(0))
                 else:
-                    filler = next((c for c in pending[1:] if may_start(c)), None)
+                    filler = next((c for c in pending[1:] if not beyond_host(c) and may_start(c)), None)
                     if filler is None or backfilled_for == head.key():
                         break
                     pending.remove(filler)

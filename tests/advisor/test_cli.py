@@ -292,3 +292,28 @@ def test_predict_bands_the_peak_by_the_pools_band_and_notes_a_band_past_the_gpu(
     result = run(*args)
     assert result.exit_code == 0, result.output
     assert "torch's pool may take up to" in result.output and "90% band" in result.output
+
+
+def test_validate_leaves_out_a_candidate_past_this_hosts_memory_and_says_so(tmp_path, monkeypatch):
+    import calibration.environment as environment
+    import calibration.harness.runner as runner
+    from runs.record import RunResult
+
+    started = []
+
+    def fake_run(c, workdir, settings, slots):
+        started.append(c.label)
+        return RunResult(status="ok", step_time_s=0.5, gpu_energy_j=100.0)
+
+    monkeypatch.setattr(runner, "run_candidate", fake_run)
+    monkeypatch.setattr(environment, "host_memory_available_gib", lambda: 100.0)
+    sweep = tmp_path / "sweep.jsonl"
+    sweep.write_text("\n".join(json.dumps(line) for line in (
+        {"model": "qwen2.5-7b", "seq": 4096, "label": "7b offload",
+         "strategy": {"zero_stage": 2, "offload_optimizer": "cpu", "checkpoint_every": 1}},
+        {"model": "qwen2.5-0.5b", "seq": 2048, "label": "small", "strategy": {"zero_stage": 1}})) + "\n")
+    out = run_json("validate", "--sweep", str(sweep), "--profile", "h200", "--store", str(tmp_path / "runs.db"),
+                   "--workdir", str(tmp_path / "work"), "--no-prebuild")
+    assert started == ["small"]
+    assert [b["label"] for b in out["beyond_host_memory"]] == ["7b offload"]
+    assert "100.0 GiB available" in out["beyond_host_memory"][0]["reason"] and out["not_run"] == 0

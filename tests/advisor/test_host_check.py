@@ -146,7 +146,7 @@ def test_validate_prints_the_prediction_at_the_probed_host_beside_a_host_that_st
                                    gpu_energy_j=float(at.gpu_energy_j[0]),
                                    host_probe={"issue_us_per_layer": slow_us, "threads": 16,
                                                "issue_probe_linear": "torch"}), prediction={})
-    _show([compare(r, H200)], "h200", 0, WINDOW)
+    _show([compare(r, H200)], "h200", 0, WINDOW, 0)
     text = " ".join(capsys.readouterr().out.split())
     assert f"slow run: at the host its probes measured ({slow_us:.0f} us a layer) the model predicts" in text
     assert "(-9%) and" in text and "J (+0%)." in text

@@ -137,6 +137,9 @@ def test_failures_without_error_files_are_classified_from_the_log(tmp_path):
     assert _collect(out, log, 1, False, 60).status == "oom"
     log.write_text("[1]:\n  exitcode  : -9 (pid: 123)\n")
     assert _collect(out, log, 1, False, 60).status == "oom"
+    log.write_text("UserWarning: barrier(): using the device under current context\n")
+    killed = _collect(out, log, -9, False, 60)  # one rank, no torchrun to report the signal: the exit code says it
+    assert killed.status == "oom" and "SIGKILL" in killed.reason
     log.write_text("ValueError: something else\n")
     crash = _collect(out, log, 1, False, 60)
     assert crash.status == "crash" and "something else" in crash.reason

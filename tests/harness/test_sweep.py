@@ -114,6 +114,32 @@ def test_a_run_needing_more_gpus_than_the_machine_has_is_recorded_not_run(tmp_pa
     assert list(f.events) == ["a"]
 
 
+def predicting_host(gib: dict[str, float]):
+    """A predictor giving each candidate the host peak named for its label."""
+    return lambda c: ({"peak_host_mem_gib": gib.get(c.label, 1.0)}, "h200", [])
+
+
+def test_a_run_predicted_past_the_hosts_memory_is_neither_run_nor_recorded(tmp_path, fake):
+    f = fake()
+    skipped = []
+    settings = runner.RunSettings(host_memory_gib=125.0)
+    new = run_sweep([cand("7b-offload"), cand("a")], tmp_path / "r.jsonl", tmp_path, settings,
+                    predict=predicting_host({"7b-offload": 140.6}), on_skip=lambda c, why: skipped.append((c.label, why)))
+    assert list(f.events) == ["a"] and [r.candidate.label for r in new] == ["a"]
+    assert skipped[0][0] == "7b-offload" and "140.6 GiB" in skipped[0][1] and "125.0 GiB" in skipped[0][1]
+    assert [r.candidate.label for r in read_records(tmp_path / "r.jsonl")] == ["a"]  # a bigger host runs it later
+
+
+def test_runs_start_side_by_side_only_while_their_host_peaks_fit_together(tmp_path, fake):
+    f = fake(seconds={"a": 0.3, "b": 0.3, "c": 0.3})
+    settings = runner.RunSettings(host_memory_gib=125.0)
+    run_sweep([cand("a"), cand("b"), cand("c")], tmp_path / "r.jsonl", tmp_path, settings,
+              slots=[Slot(0), Slot(1)], predict=predicting_host({"a": 70.0, "b": 70.0, "c": 40.0}))
+    (a0, a1, _), (b0, _, _), (c0, _, _) = (f.events[k] for k in "abc")
+    assert c0 < a1  # c (40 GiB) joined a (70 GiB) on the idle GPU
+    assert b0 >= a1 - 0.01  # b (70 GiB) waited: a and b together need 140
+
+
 def test_without_gpus_multi_rank_runs_share_the_cpu_one_at_a_time(tmp_path, fake):
     f = fake(seconds={"two": 0.2, "one": 0.1})
     run_sweep([cand("two", gpus=2), cand("one")], tmp_path / "r.jsonl", tmp_path)
