@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -117,6 +117,7 @@ class Measured:
     chosen: Chosen
     record: RunRecord | None  # its first round's run (or the one stored before)
     repeats: tuple[RunRecord | None, ...] = ()  # its runs of later rounds, in round order (None: not run)
+    not_run_reason: str = ""  # why its first round did not start (here: more host memory than this host has)
 
     @property
     def ok(self) -> bool:
@@ -227,7 +228,7 @@ def measured_dict(m: Measured, verdict: Verdict, i: int) -> dict:
     gpu_j = geometric_mean([x.result.gpu_energy_j for x in m.rounds if x and x.result.gpu_energy_j]) if m.ok else None
     behind = verdict.leads.get(i)
     return {"why": m.chosen.why, "status": r.result.status if r else "not run",
-            "reason": r.result.reason if r else "", "key": r.key if r else None,
+            "reason": r.result.reason if r else m.not_run_reason, "key": r.key if r else None,
             "measured": {"step_time_s": m.time_s, "energy_j": m.energy_j, "gpu_energy_j": gpu_j,
                          "peak_gpu_mem_gib": r.result.peak_gpu_mem_gib if m.ok else None,
                          "peak_gpu_reserved_gib": r.result.peak_gpu_reserved_gib if m.ok else None,
@@ -278,7 +279,7 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
     `contend` names of the first round's measurements, in alternating order. Every chosen strategy
     with its first round's record (this loop's run, else the latest stored) and its later ones.
     Each round keeps its own run file, so an interrupted loop resumes where it stopped."""
-    from advisor.validate import candidate_from_strategy, local_slots, prebuild_local, run_validation
+    from advisor.validate import candidate_from_strategy, local_slots, prebuild_local, print_skip, run_validation
     from calibration.harness.runner import RunSettings
     from runs.jsonl import read_records
     from runs.store import RunStore, default_store_path
@@ -300,14 +301,21 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
     def left() -> float | None:
         return None if end is None else max(0.0, end - time.monotonic())
 
+    not_started: dict[str, str] = {}
+
+    def skipped(c, why: str) -> None:
+        print_skip(c, why)
+        not_started[c.key()] = why
+
     with RunStore(settings.store or default_store_path()) as store:
         run_validation(candidates, store, jsonl, workdir, run_settings, slots, profile_name,
-                       deadline_s=left(), retry=settings.retry, on_record=on_record)
+                       deadline_s=left(), retry=settings.retry, on_record=on_record, on_skip=skipped)
         later = {(r.key, r.date) for path in jsonl.parent.glob(f"{jsonl.stem}-round-*{jsonl.suffix}")
                  for r in read_records(path)}
         first = {**_latest_by_key(r for r in store.runs() if (r.key, r.date) not in later),
                  **_latest_by_key(read_records(jsonl, missing_ok=True))}
-        measured = [Measured(ch, first.get(c.key())) for ch, c in zip(chosen, candidates)]
+        measured = [Measured(ch, first.get(c.key()), not_run_reason=not_started.get(c.key(), ""))
+                    for ch, c in zip(chosen, candidates)]
         again = contend(measured) if settings.rounds > 1 else []
         repeats: dict[int, list] = {i: [] for i in again}
         within = (f"{settings.tie_margin:.0%}" if settings.tie_margin is not None
@@ -321,7 +329,7 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
             this_round = _latest_by_key(read_records(path, missing_ok=True))
             for i in again:  # None where the budget ended first: rounds stay paired by position
                 repeats[i].append(this_round.get(candidates[i].key()))
-    return [Measured(m.chosen, m.record, _without_trailing_none(repeats.get(i, []))) for i, m in enumerate(measured)]
+    return [replace(m, repeats=_without_trailing_none(repeats.get(i, []))) for i, m in enumerate(measured)]
 
 
 def _without_trailing_none(runs: list) -> tuple:

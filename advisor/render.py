@@ -210,7 +210,7 @@ def show_loop(out: Console, loop) -> None:
             t += f" / {figure(m.time_s)}"
             e += f" / {figure(m.energy_j / 1e3 if m.energy_j is not None else None)}"
             pool += f" / {figure(default_allocator_reserved_gib(m.record.result) if m.record else None)}"
-            status = m.record.result.status if m.record else "not run"
+            status = m.record.result.status if m.record else "not run" + (f": {m.not_run_reason[:60]}" if m.not_run_reason else "")
             if m.record and not m.ok:
                 status += f": {m.record.result.reason[:60]}"
             regret = "" if v.regret.get(i) is None else f"{v.regret[i]:+.1%}" + _scatter(v.leads.get(i))

@@ -221,6 +221,41 @@ def test_the_loops_budget_counts_what_ran_before_its_runs(tiny_problem, tmp_path
     assert deadlines[1] is None
 
 
+def test_a_candidate_this_host_cannot_hold_shows_why_it_was_not_run(tiny_problem, tmp_path, monkeypatch):
+    """The profile's host may be larger than the one validating: a chosen strategy predicted past this
+    host's memory is not started, and the loop's table and --json say why, not just "not run"."""
+    import io
+
+    from rich.console import Console
+
+    import advisor.validate as validate
+    from advisor.loop import LoopOutcome
+    from advisor.render import show_loop
+
+    monkeypatch.setattr(validate, "prebuild_local", lambda slots: None)
+    why = "predicted host peak 140.6 GiB, this host has 125.0 GiB available: not run"
+
+    def skip_all(candidates, *args, on_skip=None, **kwargs):
+        for c in candidates:
+            on_skip(c, why)
+        return []
+
+    monkeypatch.setattr(validate, "run_validation", skip_all)
+    result = exhaustive_search(tiny_problem, "energy", 0.60)
+    settings = LoopSettings(k=1, workdir=str(tmp_path / "work"), store=str(tmp_path / "runs.db"), jsonl=None,
+                            budget_s=None, script=None, refit=False, plan_only=False)
+    measured = run_chosen(result, [Chosen(0, "the model's pick")], "7B", Workload(tiny_problem.arch, tiny_problem.seq_len),
+                          "h200", settings)
+    assert measured[0].record is None and measured[0].not_run_reason == why
+    plan = [{"label": "big", "why": "the model's pick", "step_time_s": 1.0, "energy_j": 100.0}]
+    loop = LoopOutcome([measured[0].chosen], plan, measured, measured_pick(measured, "energy", 0.1), None, "")
+    entry = loop.to_dict()["candidates"][0]
+    assert entry["status"] == "not run" and entry["reason"] == why
+    out = Console(file=io.StringIO(), width=300)
+    show_loop(out, loop)
+    assert "not run: predicted host peak 140.6 GiB" in out.file.getvalue()
+
+
 @pytest.mark.slow
 def test_the_loop_measures_picks_and_refits_on_the_cpu(tmp_path, cpu_env):
     base = tmp_path / "mine.json"  # a profile no run was fitted to: the refit sees only this loop's runs
