@@ -112,7 +112,7 @@ def merged_profile(raw_path: str | Path | list[str | Path], profile: str | Path)
         merged.append("attention's rate against head dim")
     if not merged:
         raise ValueError(f"{label}: nothing to merge (collectives of two or more ranks, CPUAdam or the "
-                         "parameter refresh against threads, the host's issue time (per layer or per pass), ZeRO-3's hooks per pass, the wait decay, attention at two head dims, "
+                         "parameter refresh against threads, the host's issue time (per layer or per pass), ZeRO-3's hooks per pass, the wait decay, attention at head dims besides 128, "
                          "decoder layers' or ViT blocks' elementwise kernels)")
     data["provenance"]["notes"] += (f" {_sentence('; '.join(merged))} replaced by those measured in {label} "
                                     f"({header.get('started', '?')}, {header.get('gpus_per_node')} GPUs of "

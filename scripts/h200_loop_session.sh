@@ -5,7 +5,8 @@
 # /tmp/state, so a second call on the warm machine goes on from there; everything comes back as
 # one archive.
 #   bash scripts/h200_loop_session.sh BUDGET_S STEP [STEP ...]
-# Steps: threads (calibrate CPUAdam at 1..all threads), refresh (the parameter refresh after a CPU
+# Steps: threads (calibrate CPUAdam at 1..all threads), attention (SDPA at every head dim, for
+# `python -m calibration.merge STATE/h200-attention.raw.jsonl --into data/profiles/h200.json`), refresh (the parameter refresh after a CPU
 # step at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
 # traced for memory when its name has "memory", profiled one after another, ADVISOR_STEP_PROFILE,
 # when it has "structure", and timed pass by pass one after another, ADVISOR_PHASE_TRACE, when it has
@@ -28,6 +29,11 @@ for step in "$@"; do
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only cpu_adam --only cpu_adam_threads \
         --fill-from data/profiles/h200.json --out "$STATE/h200-threads.json" 2>&1 | tail -n 12 \
         && [ -f "$STATE/h200-threads.json" ] && touch "$STATE/threads.done" ;;
+    attention)
+      [ -f "$STATE/attention.done" ] && continue
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only attention \
+        --fill-from data/profiles/h200.json --out "$STATE/h200-attention.json" 2>&1 | grep -i "SDPA\|attention" | tail -n 30 \
+        && [ -f "$STATE/h200-attention.raw.jsonl" ] && touch "$STATE/attention.done" ;;
     refresh)
       [ -f "$STATE/refresh.done" ] && continue
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only param_refresh \

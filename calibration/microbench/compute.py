@@ -83,14 +83,21 @@ class AttentionCase:
         return f"attention/s{self.seq_len}_h{self.heads}_d{self.head_dim}_b{self.batch}"
 
 
+# Head dims besides 128 that models use: 64 (TinyLlama, Qwen2.5-0.5B, CLIP ViT-L), 72 (the shipped
+# Qwen2.5-VL towers), 80 (Phi-2), 96 (Phi-3), 256 (Gemma). Flash kernels tile the head dim, so the rate
+# per FLOP at 80 need not lie between 64's and 128's, nor 256's be 128's (a curve clamps at its ends).
+OTHER_HEAD_DIMS = (64, 72, 80, 96, 256)
+
+
 def attention_cases(quick: bool, cpu: bool) -> list[AttentionCase]:
     if cpu:
         return [AttentionCase(s, 4, 32, 1) for s in (64, 128, 256)]
     seqs = (1024, 4096, 16384) if quick else (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
     tokens = 16384  # batch * seq per call, so short sequences still fill the GPU
     cases = [AttentionCase(s, 32, 128, max(1, tokens // s)) for s in seqs]
-    if not quick:
-        cases += [AttentionCase(s, 64, 64, max(1, tokens // s)) for s in (2048, 8192, 32768)]
+    if not quick:  # the other head dims models use, each over 128's rate at the same sequences
+        cases += [AttentionCase(s, 4096 // d, d, max(1, tokens // s))
+                  for d in OTHER_HEAD_DIMS for s in (2048, 8192, 32768)]
     return cases
 
 

@@ -219,3 +219,18 @@ def test_the_profile_writer_counts_attention_as_the_cost_model_does(tmp_path):
     rates = ProfileBuilder.attention_rates([row])
     assert rates[0]["bwd_flop_per_s"] == pytest.approx(
         float(causal_attention_flops(2, 8, 4096, 128, backward=True)) / 0.025)
+
+
+def test_a_full_calibration_measures_every_other_head_dim_where_128_is_measured():
+    """Each head dim besides 128 needs sequences the reference was measured at to become a ratio point;
+    Phi-2's 80 and Gemma's 256 were predicted off the curve's ends until they were measured."""
+    from calibration.microbench.compute import OTHER_HEAD_DIMS, attention_cases
+
+    cases = attention_cases(quick=False, cpu=False)
+    ref_seqs = {c.seq_len for c in cases if c.head_dim == 128}
+    for d in (80, 256):
+        assert d in OTHER_HEAD_DIMS
+    for d in OTHER_HEAD_DIMS:
+        seqs = {c.seq_len for c in cases if c.head_dim == d}
+        assert len(seqs) >= 3 and seqs <= ref_seqs, d
+    assert all(4096 - c.head_dim < c.heads * c.head_dim <= 4096 for c in cases if c.head_dim != 128)  # about one width
