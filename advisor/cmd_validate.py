@@ -121,12 +121,16 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
     window = WindowSettings(warmup=warmup, steps=steps, min_window_s=min_window_s, precision=precision)
     settings = RunSettings(window=window, timeout_s=timeout_s)
     beyond_host: list[dict] = []
+
+    def left_out(candidate, why: str) -> None:
+        beyond_host.append({"label": candidate.label, "reason": why})
+        print_skip(candidate, why)
+
     with RunStore(store_path or _default_store()) as store:
         left = budget_s - (time.monotonic() - started) if budget_s else None
         records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=left,
                                  retry=tuple(retry), on_record=print_progress, concurrent=parallel,
-                                 on_skip=lambda c, why: (beyond_host.append({"label": c.label, "reason": why}),
-                                                         print_skip(c, why)))
+                                 on_skip=left_out)
     host_profile = _profile_or_none(profile)
     comparisons = [compare(r, host_profile) for r in records]
     skipped = len(candidates) - len(records) - len(beyond_host)
