@@ -96,13 +96,14 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         run_validation,
     )
     from calibration.harness.runner import RunSettings
+    from models.ds_config import read_ds_config
 
     if bool(sweep_path) == bool(ds_config_path):
         raise click.UsageError("give either --ds-config (with --model and --seq) or --sweep")
     if ds_config_path:
         if not model or not seq_text:
             raise click.UsageError("--ds-config needs --model and --seq")
-        config = json.loads(Path(ds_config_path).read_text())
+        config = read_ds_config(ds_config_path)
         candidates = [candidate_from_ds_config(model, parse_seq(seq_text), config, gpus=gpus, images=images,
                                                frames=frames, image_size=image_size, freeze_vision=freeze_vision,
                                                loss_dtype=loss_dtype, cpu_threads_per_rank=threads or 0)]
@@ -186,5 +187,5 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings, beyon
         out.print(f"{skipped} candidate(s) not run now: already recorded, or past --budget.")
     if beyond_host:
         out.print(f"{beyond_host} candidate(s) not run: predicted to need more host memory than this host has "
-                  "available (the [skip] lines).")
+                  "available (each named on stderr).")
     sys.stdout.flush()

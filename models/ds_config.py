@@ -216,13 +216,14 @@ def unknown_keys(config: dict, origin: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def load_ds_config(path: str | Path, arch: Architecture) -> DsSettings:
-    """Read a ds_config.json (JSON or HJSON, as DeepSpeed itself accepts)."""
+def read_ds_config(path: str | Path) -> dict:
+    """A ds_config.json's object (JSON or HJSON, as DeepSpeed itself accepts); DsConfigError, naming
+    the file, where it cannot be read or holds no object."""
     path = Path(path)
     try:
         text = path.read_text()
-    except OSError as exc:
-        raise DsConfigError(f"cannot read DeepSpeed config {path}: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DsConfigError(f"cannot read DeepSpeed config {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError:
@@ -232,7 +233,14 @@ def load_ds_config(path: str | Path, arch: Architecture) -> DsSettings:
             config = hjson.loads(text)
         except hjson.HjsonDecodeError as exc:
             raise DsConfigError(f"{path}: not valid JSON ({exc})") from None
-    return parse_ds_config(config, arch, origin=str(path))
+    if not isinstance(config, dict):
+        raise DsConfigError(f"{path}: a DeepSpeed config is a JSON object, this holds a {type(config).__name__}")
+    return dict(config)
+
+
+def load_ds_config(path: str | Path, arch: Architecture) -> DsSettings:
+    """Read a ds_config.json and what it sets."""
+    return parse_ds_config(read_ds_config(path), arch, origin=str(path))
 
 
 def gpus_from_batch(settings: DsSettings, sp: int) -> int | None:

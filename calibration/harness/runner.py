@@ -293,7 +293,9 @@ def run_sweep(
         return predictions[c.key()]
 
     def host_gib(c: Candidate) -> float:
-        return float((prediction(c)[0] or {}).get("peak_host_mem_gib") or 0.0)
+        """Its predicted host peak; without GPUs, what it would hold on them lives on the host too."""
+        p = prediction(c)[0] or {}
+        return float(p.get("peak_host_mem_gib") or 0.0) + (0.0 if on_gpus else float(p.get("allocated_gpu_mem_gib") or 0.0))
 
     def beyond_host(c: Candidate) -> str | None:
         limit = settings.host_memory_gib

@@ -59,6 +59,8 @@ def assert_one_line_error(result) -> str:
      "SuperOffload needs ZeRO-3"),
     (["validate", "--model", "7B", "--seq", "4k"], "either --ds-config"),
     (["validate", "--sweep", "/no/such/sweep.jsonl"], "does not exist"),
+    # a config that is not JSON ended validate in a traceback (2026-12-04)
+    (["validate", "--model", "7B", "--seq", "4k", "--ds-config", "data/sweeps/README.md"], "not valid JSON"),
     (["fit", "--profile", "h200", "--out", "x.json"], "give the runs"),
     # found by the fuzz below: a count past int64 reached numpy
     (["predict", "--model", "tiny-cpu", "--seq", "256", "--gpus", "20000000000000000000"], "not in the range"),
@@ -69,6 +71,15 @@ def assert_one_line_error(result) -> str:
 ])
 def test_bad_input_seen_in_the_wild_is_one_line(args, needle):
     assert needle in assert_one_line_error(invoke(args))
+
+
+@pytest.mark.parametrize("command", ["predict", "validate"])
+@pytest.mark.parametrize("content", ['[{"zero_optimization": {"stage": 2}}]', "\xff\xfe"])
+def test_a_ds_config_that_holds_no_object_or_no_text_is_one_line(tmp_path, command, content):
+    path = tmp_path / "ds_config.json"
+    path.write_bytes(content.encode("latin-1"))
+    out = assert_one_line_error(invoke([command, "--model", "7B", "--seq", "4k", "--ds-config", str(path)]))
+    assert str(path) in out
 
 
 TEXT = st.one_of(

@@ -130,6 +130,17 @@ def test_a_run_predicted_past_the_hosts_memory_is_neither_run_nor_recorded(tmp_p
     assert [r.candidate.label for r in read_records(tmp_path / "r.jsonl")] == ["a"]  # a bigger host runs it later
 
 
+def test_without_gpus_a_runs_gpu_memory_counts_against_the_host(tmp_path, fake):
+    f = fake()
+    skipped = []
+    settings = runner.RunSettings(host_memory_gib=20.0)
+    predicted = {"7b": {"peak_host_mem_gib": 1.9, "allocated_gpu_mem_gib": 120.0},
+                 "tiny": {"peak_host_mem_gib": 1.9, "allocated_gpu_mem_gib": 0.1}}
+    run_sweep([cand("7b"), cand("tiny")], tmp_path / "r.jsonl", tmp_path, settings,
+              predict=lambda c: (predicted[c.label], "h200", []), on_skip=lambda c, why: skipped.append(c.label))
+    assert skipped == ["7b"] and list(f.events) == ["tiny"]
+
+
 def test_runs_start_side_by_side_only_while_their_host_peaks_fit_together(tmp_path, fake):
     f = fake(seconds={"a": 0.3, "b": 0.3, "c": 0.3})
     settings = runner.RunSettings(host_memory_gib=125.0)
