@@ -65,8 +65,9 @@ MIGRATIONS: list[list[str]] = [
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
-class StoreError(RuntimeError):
-    """A store that cannot be used (written by a newer version, not a store, unreadable)."""
+class StoreError(ValueError):
+    """A store that cannot be used (written by a newer version, not a store, unreadable, its folder
+    not makeable): a ValueError, so the CLI shows it as one line."""
 
 
 def default_store_path() -> Path:
@@ -86,7 +87,10 @@ class RunStore:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot make its folder ({exc.strerror})") from None
         try:
             # Autocommit mode, with explicit BEGIN/COMMIT in _transaction: Python's implicit
             # transactions would commit each CREATE TABLE of a migration on its own.

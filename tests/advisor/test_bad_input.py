@@ -59,7 +59,11 @@ def assert_one_line_error(result) -> str:
      "SuperOffload needs ZeRO-3"),
     (["validate", "--model", "7B", "--seq", "4k"], "either --ds-config"),
     (["validate", "--sweep", "/no/such/sweep.jsonl"], "does not exist"),
-    # a config that is not JSON ended validate in a traceback (2026-12-04)
+    # a store that cannot be opened, and a config that is not JSON, ended in a traceback (2026-12-04)
+    (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/runs.db"],
+     "not a usable run store"),
+    (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/no/runs.db"],
+     "cannot make its folder"),
     (["validate", "--model", "7B", "--seq", "4k", "--ds-config", "data/sweeps/README.md"], "not valid JSON"),
     (["fit", "--profile", "h200", "--out", "x.json"], "give the runs"),
     # found by the fuzz below: a count past int64 reached numpy
