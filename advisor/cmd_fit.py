@@ -91,6 +91,7 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
     write the refined profile; print leave-one-out error (K-fold's with --folds) per strategy family,
     and write the 90% prediction band those errors give beside the profile (PROFILE.band.json)."""
     from advisor.accuracy import format_report
+    from advisor.inputs import writable_path
     from advisor.refit import refit, to_stderr
     from models.band import band_path
     from models.profile import load_profile
@@ -99,6 +100,7 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
     run_set = _run_set(run_paths, store_path)
     if folds and not loo:
         raise click.UsageError("--folds holds runs out: it cannot go with --no-loo")
+    writable_path(out_path, "--out", make_folder=True)  # before the fit's minutes, so its result is not lost
     done = refit(run_set.runs, load_profile(profile), prior, loo=loo, data_note=_sources(run_paths, store_path),
                  jobs=jobs or os.cpu_count() or 1, progress=to_stderr, folds=folds)
     model, base, report = done.model, done.base, done.report

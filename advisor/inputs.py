@@ -155,14 +155,27 @@ def step_global_batch(target: int, dp: int, micro_batch: int) -> tuple[int, int]
     return grad_accum * per_pass, grad_accum
 
 
-def writable_path(text: str, option: str) -> Path:
-    """A file path whose folder exists and can be written (checked before long work starts)."""
+def writable_path(text: str, option: str, make_folder: bool = False) -> Path:
+    """A file path whose folder exists (or, with `make_folder`, is made) and takes a new file: checked
+    before long work starts, by writing a scratch file there (root's access checks pass in /proc)."""
+    import tempfile
+
     path = Path(text)
     folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise InputError(f"bad {option} '{text}': a folder; name a file in it")
+    if make_folder:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"bad {option} '{text}': cannot make folder {folder} ({exc.strerror})") from None
     if not folder.is_dir():
         raise InputError(f"bad {option} '{text}': folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if path.exists() and not os.access(path, os.W_OK):
         raise InputError(f"bad {option} '{text}': cannot write there")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".advisor-write-check-"):
+            pass
+    except OSError as exc:
+        raise InputError(f"bad {option} '{text}': cannot write there ({exc.strerror})") from None
     return path

@@ -59,7 +59,11 @@ def assert_one_line_error(result) -> str:
      "SuperOffload needs ZeRO-3"),
     (["validate", "--model", "7B", "--seq", "4k"], "either --ds-config"),
     (["validate", "--sweep", "/no/such/sweep.jsonl"], "does not exist"),
-    # a store that cannot be opened, and a config that is not JSON, ended in a traceback (2026-12-04)
+    # a store that cannot be opened, a config that is not JSON, and (after its minutes of fitting) a profile
+    # that could not be written ended in a traceback (2026-12-04)
+    (["fit", "--runs", "data/runs/h200-x1-unseen-shapes-2026-12-04.jsonl", "--profile", "h200", "--out",
+      "/proc/h200.json"], "cannot write there"),
+    (["recommend", "--model", "7B", "--seq", "4k", "--out-ds-config", "/proc/ds.json"], "cannot write there"),
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/runs.db"],
      "not a usable run store"),
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/no/runs.db"],
