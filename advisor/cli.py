@@ -28,6 +28,7 @@ from advisor.inputs import (
     parse_gpus,
     parse_seq,
     parse_sequences,
+    writable_folder,
     writable_path,
 )
 from advisor.rounds import DEFAULT_ROUNDS, repeat_margin
@@ -299,6 +300,8 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     for option, path in (("--out-ds-config", out_ds_config), ("--plot", plot_path)):
         if path:
             writable_path(path, option)  # before the search, so its result is not lost
+    if validate_k is not None and not plan_only:
+        writable_folder(workdir, "--workdir")
     arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision, loss_dtype)
     per_node = int(prof.gpus_per_node.value)
     gpu_range = parse_gpus(gpus_text or per_node)

@@ -97,6 +97,7 @@ def calibrate(quick, out, name, gpus, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu
 @click.option("--dry-run", is_flag=True, help="Print the commands without running them.")
 def wheelhouse(out_dir, python_version, platforms, arch, deepspeed_version, extra, dry_run):
     """Build a directory of wheels to install calibration and real runs on an offline node."""
+    from advisor.inputs import writable_folder
     from calibration import wheelhouse as wh
     from calibration.environment import package_version
 
@@ -109,7 +110,7 @@ def wheelhouse(out_dir, python_version, platforms, arch, deepspeed_version, extr
         for s in steps:
             click.echo(" ".join([*(f"{k}={v}" for k, v in s.env.items()), *s.argv]))
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
+    writable_folder(str(out_dir), "--out")
     try:
         wh.run_plan(steps, echo=lambda m: click.echo(m, err=True))
     except subprocess.CalledProcessError as exc:

@@ -95,6 +95,7 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         print_skip,
         run_validation,
     )
+    from advisor.inputs import writable_folder, writable_path
     from calibration.harness.runner import RunSettings
     from models.ds_config import read_ds_config
 
@@ -113,9 +114,8 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         from models.profile import DEFAULT_PROFILE
 
         profile = DEFAULT_PROFILE
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    jsonl = Path(jsonl_path) if jsonl_path else workdir / "runs.jsonl"
+    workdir = writable_folder(workdir, "--workdir")
+    jsonl = writable_path(jsonl_path, "--jsonl", make_folder=True) if jsonl_path else workdir / "runs.jsonl"
     slots = local_slots(parallel)
     prebuild_local(slots, prebuild)
 

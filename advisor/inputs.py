@@ -155,27 +155,41 @@ def step_global_batch(target: int, dp: int, micro_batch: int) -> tuple[int, int]
     return grad_accum * per_pass, grad_accum
 
 
+def writable_folder(text: str, option: str) -> Path:
+    """A folder, made where missing, that takes new files (checked before the work that fills it)."""
+    folder = Path(text)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"bad {option} '{text}': a file, not a folder")
+    _check_folder(folder, option, text, make=True)
+    return folder
+
+
 def writable_path(text: str, option: str, make_folder: bool = False) -> Path:
     """A file path whose folder exists (or, with `make_folder`, is made) and takes a new file: checked
-    before long work starts, by writing a scratch file there (root's access checks pass in /proc)."""
-    import tempfile
-
+    before long work starts."""
     path = Path(text)
-    folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise InputError(f"bad {option} '{text}': a folder; name a file in it")
-    if make_folder:
+    _check_folder(path.parent if str(path.parent) else Path("."), option, text, make=make_folder)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InputError(f"bad {option} '{text}': cannot write there")
+    return path
+
+
+def _check_folder(folder: Path, option: str, text: str, make: bool) -> None:
+    """`folder` exists (made, with `make`) and takes a new file: a scratch file is written, since
+    root's access checks pass where writes fail (/proc)."""
+    import tempfile
+
+    if make:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise InputError(f"bad {option} '{text}': cannot make folder {folder} ({exc.strerror})") from None
     if not folder.is_dir():
         raise InputError(f"bad {option} '{text}': folder {folder} does not exist")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise InputError(f"bad {option} '{text}': cannot write there")
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".advisor-write-check-"):
             pass
     except OSError as exc:
         raise InputError(f"bad {option} '{text}': cannot write there ({exc.strerror})") from None
-    return path
