@@ -67,12 +67,33 @@ def candidate_from_strategy(model: str, seq_len: int, strategy: dict, images: in
     freeze_vision = freeze_vision and arch.vision is not None
     s = Strategy(**strategy)
     reasons = static_reasons(s, arch)
-    if reasons:
-        raise SweepFileError(f"{s.label()}: " + "; ".join(reasons))
+    if reasons:  # named by the file and line: a strategy of the wrong types has no label
+        raise SweepFileError("; ".join(reasons))
     return Candidate(model=model, seq_len=seq_len, ds_config=to_ds_config(s, arch), gpus=s.gpus, sp=s.sp,
                      checkpoint_every=s.checkpoint_every, images=images, frames=frames, image_size=image_size,
                      freeze_vision=freeze_vision, strategy=asdict(s), label=label or s.label(),
                      loss_dtype=loss_dtype)
+
+
+def _check_sweep_line(spec) -> None:
+    """The shape of one sweep line, said in its own words before any field is used."""
+    if not isinstance(spec, dict):
+        raise SweepFileError("a line is a JSON object")
+    unknown = set(spec) - SWEEP_KEYS
+    if unknown:
+        raise SweepFileError(f"unknown keys {sorted(unknown)}")
+    if not isinstance(spec.get("model"), str) or not spec["model"].strip():
+        raise SweepFileError("needs 'model': a model name or a config.json path")
+    seq = spec.get("seq", spec.get("seq_len"))
+    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0):
+        raise SweepFileError(f"'seq' is a positive whole number of tokens, got {seq!r}")
+    for key in ("strategy", "ds_config"):
+        if key in spec and not isinstance(spec[key], dict):
+            raise SweepFileError(f"'{key}' is a JSON object, got {spec[key]!r}")
+    for key in ("images", "frames", "gpus"):
+        value = spec.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SweepFileError(f"'{key}' is a whole number, got {value!r}")
 
 
 def candidates_from_sweep(path: str | Path) -> list[Candidate]:
@@ -84,9 +105,7 @@ def candidates_from_sweep(path: str | Path) -> list[Candidate]:
         where = f"{path}:{number}"
         try:
             spec = json.loads(line)
-            unknown = set(spec) - SWEEP_KEYS
-            if unknown:
-                raise SweepFileError(f"unknown keys {sorted(unknown)}")
+            _check_sweep_line(spec)
             seq = spec.get("seq", spec.get("seq_len"))
             common = dict(images=spec.get("images", 0), frames=spec.get("frames", 0),
                           image_size=spec.get("image_size"), freeze_vision=spec.get("freeze_vision", False),
@@ -104,7 +123,7 @@ def candidates_from_sweep(path: str | Path) -> list[Candidate]:
                 raise SweepFileError("needs 'strategy' or 'ds_config'")
         except SweepFileError as exc:
             raise SweepFileError(f"{where}: {exc}") from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SweepFileError(f"{where}: {type(exc).__name__}: {exc}") from None
         out.append(c)
     return out

@@ -6,6 +6,7 @@ silently dropped: `static_reasons` says why each one is infeasible.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -92,16 +93,36 @@ class Strategy:
         return " ".join(parts)
 
 
+def _type_reasons(s: Strategy) -> list[str]:
+    """Fields whose values are not of their declared type (a sweep file's JSON can hold anything):
+    a bool is no count, and a count is no float's place to be a bool."""
+    wrong = []
+    for f in fields(Strategy):
+        value, kind = getattr(s, f.name), f.type
+        flag = isinstance(value, (bool, np.bool_))
+        ok = {"int": isinstance(value, numbers.Integral) and not flag,
+              "float": isinstance(value, numbers.Real) and not flag and bool(np.isfinite(value)),
+              "bool": flag, "str": isinstance(value, str)}[kind]
+        if not ok:
+            wrong.append(f"{f.name} must be {'a whole number' if kind == 'int' else 'a number' if kind == 'float' else kind}"
+                         f", got {value!r}")
+    return wrong
+
+
 def static_reasons(strategy: Strategy, arch: Architecture) -> list[str]:
     """Why DeepSpeed (or the layout) refuses this strategy, before any cost is computed."""
-    s, reasons = strategy, []
+    s, reasons = strategy, _type_reasons(strategy)
+    if reasons:
+        return reasons
     if s.zero_stage not in (0, 1, 2, 3):
         reasons.append(f"ZeRO stage must be 0-3, got {s.zero_stage}")
     if s.offload_optimizer not in OFFLOAD_NAMES or s.offload_param not in OFFLOAD_NAMES:
         reasons.append("offload devices must be 'none' or 'cpu'")
-    if s.gpus < 1 or s.sp < 1 or s.micro_batch < 1 or s.grad_accum < 1:
-        reasons.append("gpus, sp, micro-batch and gradient accumulation must be positive")
+    if s.gpus < 1 or s.gpus_per_node < 1 or s.sp < 1 or s.micro_batch < 1 or s.grad_accum < 1:
+        reasons.append("gpus, GPUs per node, sp, micro-batch and gradient accumulation must be positive")
         return reasons
+    if min(s.reduce_bucket_size, s.allgather_bucket_size, s.prefetch_bucket_size) < 1:
+        reasons.append("bucket sizes must be positive")
     if s.gpus % s.sp:
         reasons.append(f"sequence-parallel degree {s.sp} does not divide {s.gpus} GPUs")
     if arch.num_heads % s.sp or arch.num_kv_heads % s.sp:

@@ -6,6 +6,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from harness_helpers import ds_config
 
 from advisor.cli import main
@@ -54,11 +56,42 @@ def test_a_ds_config_line_is_read_back_into_a_strategy(tmp_path):
     ({"model": "qwen2.5-0.5b", "seq": 4096, "strategy": {"zero_stage": 0, "offload_optimizer": "cpu"}},
      "optimizer offload needs ZeRO stage 1, 2 or 3"),
     ({"model": "no-such-model", "seq": 4096, "strategy": {}}, "unknown model"),
+    # found by fuzzing sweep lines (2026-12-04): each ended in a traceback
+    ({"model": None, "seq": 4096, "strategy": {}}, "needs 'model'"),
+    ({"model": "qwen2.5-0.5b", "seq": True, "strategy": {}}, "'seq' is a positive whole number"),
+    ({"model": "qwen2.5-0.5b", "seq": 4096, "strategy": [2]}, "'strategy' is a JSON object"),
+    ({"model": "qwen2.5-0.5b", "seq": 4096, "strategy": {"gpus_per_node": False}}, "gpus_per_node must be a whole"),
+    ({"model": "qwen2.5-0.5b", "seq": 4096, "strategy": {"zero_stage": "2"}}, "zero_stage must be a whole"),
+    ({"model": "qwen2.5-0.5b", "seq": 4096, "images": -1, "strategy": {}}, "'images' is a whole number"),
+    ([1, 2], "a line is a JSON object"),
 ])
 def test_a_bad_sweep_line_is_named(tmp_path, line, message):
     path = write_sweep(tmp_path, {"model": "qwen2.5-0.5b", "seq": 4096, "strategy": {}}, line)
     with pytest.raises(SweepFileError, match=rf"sweep.jsonl:2: .*{message}"):
         candidates_from_sweep(path)
+
+
+ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.floats(-2, 100), st.just(float("nan")),
+                     st.sampled_from(["cpu", "none", "nvme", "", "2"]), st.lists(st.integers(), max_size=1))
+STRATEGY_FIELDS = st.sampled_from(["zero_stage", "gpus", "gpus_per_node", "micro_batch", "grad_accum", "sp",
+                                   "checkpoint_every", "offload_optimizer", "offload_param", "offload_ratio",
+                                   "super_offload", "cpu_checkpointing", "cpu_threads_per_rank", "overlap_comm"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(strategy=st.dictionaries(STRATEGY_FIELDS, ANY_VALUE, max_size=5),
+       seq=st.one_of(st.integers(-1, 70000), ANY_VALUE), model=st.sampled_from(["tiny-cpu", None, "", 7]))
+def test_any_sweep_line_is_a_candidate_with_a_prediction_or_one_named_error(tmp_path, strategy, seq, model):
+    """A sweep file's JSON can hold anything: a line is refused with its file and line, or becomes a
+    candidate the model predicts (or says why not); never a traceback."""
+    path = write_sweep(tmp_path, {"model": model, "seq": seq, "strategy": strategy})
+    try:
+        (c,) = candidates_from_sweep(path)
+    except SweepFileError as exc:
+        assert "sweep.jsonl:1: " in str(exc)
+        return
+    prediction, _, notes = make_predictor("h200")(c)
+    assert prediction is not None or notes
 
 
 def test_freezing_is_dropped_for_a_model_without_vision():
