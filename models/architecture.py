@@ -83,37 +83,51 @@ class Architecture:
         return self.num_layers * self.layer_params + self.embedding_params + self.hidden_size
 
 
-def _require(cfg: dict, key: str, origin: str):
-    if key not in cfg:
-        raise ModelConfigError(f"{origin}: missing key '{key}'")
-    value = cfg[key]
+def _positive_int(value, key: str, origin: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ModelConfigError(f"{origin}: key '{key}' must be a positive integer, got {value!r}")
     return value
 
 
-def _vision_from_config(cfg: dict, text_hidden: int, origin: str) -> VisionEncoder:
+def _require(cfg: dict, key: str, origin: str):
+    if key not in cfg:
+        raise ModelConfigError(f"{origin}: missing key '{key}'")
+    return _positive_int(cfg[key], key, origin)
+
+
+def _first(cfg: dict, keys: tuple[str, ...], origin: str, default: int | None = None) -> int:
+    """The first of `keys` the config gives (Hugging Face's names differ by model), a positive
+    integer; `default` where none is given, else an error naming the first."""
+    for key in keys:
+        if key in cfg:
+            return _positive_int(cfg[key], key, origin)
+    if default is None:
+        raise ModelConfigError(f"{origin}: missing key '{keys[0]}'")
+    return default
+
+
+def _flag(value, key: str, origin: str) -> bool:
+    if not isinstance(value, bool):
+        raise ModelConfigError(f"{origin}: key '{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _vision_from_config(cfg, text_hidden: int, origin: str) -> VisionEncoder:
     where = f"{origin} vision_config"
-    hidden = cfg.get("hidden_size", cfg.get("embed_dim"))
-    if hidden is None:
-        raise ModelConfigError(f"{where}: missing key 'hidden_size'")
-    layers = cfg.get("num_hidden_layers", cfg.get("depth"))
-    if layers is None:
-        raise ModelConfigError(f"{where}: missing key 'num_hidden_layers'")
-    heads = cfg.get("num_attention_heads", cfg.get("num_heads"))
-    if heads is None:
-        raise ModelConfigError(f"{where}: missing key 'num_attention_heads'")
+    if not isinstance(cfg, dict):
+        raise ModelConfigError(f"{where}: expected a JSON object, got {cfg!r}")
+    hidden = _first(cfg, ("hidden_size", "embed_dim"), where)
     return VisionEncoder(
-        hidden_size=int(hidden),
-        num_layers=int(layers),
-        num_heads=int(heads),
-        intermediate_size=int(cfg.get("intermediate_size", 4 * int(hidden))),
+        hidden_size=hidden,
+        num_layers=_first(cfg, ("num_hidden_layers", "depth"), where),
+        num_heads=_first(cfg, ("num_attention_heads", "num_heads"), where),
+        intermediate_size=_first(cfg, ("intermediate_size",), where, 4 * hidden),
         patch_size=_require(cfg, "patch_size", where),
-        image_size=int(cfg.get("image_size", 336)),
-        projector_hidden_size=int(cfg.get("projector_hidden_size", text_hidden)),
-        spatial_merge=int(cfg.get("spatial_merge_size", 1)),
-        temporal_patch=int(cfg.get("temporal_patch_size", 1)),
-        gated_mlp=bool(cfg.get("gated_mlp", False)),
+        image_size=_first(cfg, ("image_size",), where, 336),
+        projector_hidden_size=_first(cfg, ("projector_hidden_size",), where, text_hidden),
+        spatial_merge=_first(cfg, ("spatial_merge_size",), where, 1),
+        temporal_patch=_first(cfg, ("temporal_patch_size",), where, 1),
+        gated_mlp=_flag(cfg.get("gated_mlp", False), "gated_mlp", where),
     )
 
 
@@ -123,15 +137,17 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         raise ModelConfigError(f"{origin}: expected a JSON object")
     text = cfg.get("text_config", cfg)
     where = f"{origin} text_config" if "text_config" in cfg else origin
+    if not isinstance(text, dict):
+        raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
     hidden = _require(text, "hidden_size", where)
     heads = _require(text, "num_attention_heads", where)
     kv_heads = text.get("num_key_value_heads", heads)
-    if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
+    if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0 or heads % kv_heads:
         raise ModelConfigError(f"{where}: 'num_key_value_heads' must divide num_attention_heads ({heads}), got {kv_heads!r}")
     if hidden % heads:
         raise ModelConfigError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
     vision = None
-    if "vision_config" in cfg:
+    if cfg.get("vision_config") is not None:  # null: a text model (some configs write it so)
         vision = _vision_from_config(cfg["vision_config"], hidden, origin)
     return Architecture(
         name=name,
@@ -141,7 +157,8 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         num_kv_heads=kv_heads,
         intermediate_size=_require(text, "intermediate_size", where),
         vocab_size=_require(text, "vocab_size", where),
-        tie_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+        tie_embeddings=_flag(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)),
+                             "tie_word_embeddings", where),
         vision=vision,
     )
 
