@@ -171,3 +171,23 @@ def test_an_impossible_profile_constant_is_named(tmp_path_factory, name, value):
         return
     message = assert_one_line_error(result)
     assert "bad key" in message and (name in message or name.rsplit(".", 1)[0] in message), message
+
+
+CONFIG_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+               "vocab_size", "tie_word_embeddings", "vision_config", "text_config", "patch_size", "image_size"]
+CONFIG_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(-2, 1e6),
+                         st.sampled_from(["", "2"]), st.lists(st.integers(0, 5), max_size=2))
+SMALL_CONFIG = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "intermediate_size": 512, "vocab_size": 1000}
+
+
+@FUZZ
+@given(over=st.dictionaries(st.sampled_from(CONFIG_KEYS),
+                            st.one_of(CONFIG_VALUE, st.dictionaries(st.sampled_from(CONFIG_KEYS), CONFIG_VALUE, max_size=3)),
+                            max_size=3))
+def test_predict_survives_any_model_config(tmp_path_factory, over):
+    """A config.json of one's own with any key made odd: a prediction or one line (a null vision_config
+    ended in a traceback, 2026-12-04)."""
+    path = tmp_path_factory.mktemp("model") / "config.json"
+    path.write_text(json.dumps({**SMALL_CONFIG, **over}))
+    assert_one_line_or_result(invoke(["predict", "--model", str(path), "--seq", "256", "--json"]))
