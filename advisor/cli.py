@@ -19,6 +19,7 @@ from advisor.inputs import (
     MAX_COUNT,
     MAX_GPUS,
     MAX_PER_SAMPLE,
+    FiniteFloatRange,
     InputError,
     check_whole_nodes,
     counts_within_run,
@@ -150,7 +151,7 @@ def _global_batch(text, seq) -> int:
 @click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage.")
 @click.option("--offload-optimizer", type=click.Choice(["none", "cpu"]), default=None,
               help="Keep the optimizer state (and its step) on the GPU, or offload it to the host CPU (ZeRO 1-3).")
-@click.option("--offload-ratio", type=click.FloatRange(0, 1, min_open=True), default=None,
+@click.option("--offload-ratio", type=FiniteFloatRange(0, 1, min_open=True), default=None,
               help="Share of the optimizer state offloaded (ZeRO-3 with --offload-optimizer cpu; default 1).")
 @click.option("--super-offload/--no-super-offload", default=None,
               help="SuperOffload: the asynchronous CPU optimizer (ZeRO-3 with --offload-optimizer cpu).")
@@ -242,7 +243,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
 @click.option("--validate", "validate_k", type=click.IntRange(min=1), default=None,
               help="Measure up to K candidates the model cannot tell apart on this machine's GPUs, and pick by "
                    "measurement (the pick, the fastest, those whose band overlaps the pick's, the best of each family).")
-@click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=None,
+@click.option("--budget", "budget_s", type=FiniteFloatRange(min=1), default=None,
               help="With --validate: seconds for this whole command (the search and op builds included): no run "
                    "starts or runs past it.")
 @click.option("--refit", is_flag=True,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from advisor.inputs import FiniteFloatRange
 from calibration import FAMILIES as FAMILY_CHOICES
 
 
@@ -47,8 +48,8 @@ def _forwarded(out, name, quick, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu_idle
 @click.option("--cpu-adam", type=click.Choice(["auto", "deepspeed", "torch"]), default="auto", show_default=True,
               help="CPU optimizer to measure; auto = DeepSpeedCPUAdam (built at first use) on GPU nodes.")
 @click.option("--fill-from", default=None, help="Profile (name or path) to take constants this machine cannot measure.")
-@click.option("--cpu-tdp-w", type=float, default=None, help="Host CPU TDP for the CPU power estimate when no sensor exists.")
-@click.option("--cpu-idle-w", type=float, default=None, help="Host CPU idle power for that estimate.")
+@click.option("--cpu-tdp-w", type=FiniteFloatRange(min=0, min_open=True), default=None, help="Host CPU TDP for the CPU power estimate when no sensor exists.")
+@click.option("--cpu-idle-w", type=FiniteFloatRange(min=0), default=None, help="Host CPU idle power for that estimate.")
 @click.option("--only", multiple=True, type=click.Choice(FAMILY_CHOICES), help="Run only these benchmark families.")
 def calibrate(quick, out, name, gpus, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu_idle_w, only):
     """Measure this node's GPUs, host link, CPU optimizer, collectives, overlap and power; write a profile.

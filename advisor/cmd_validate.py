@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from advisor.inputs import MAX_GPUS, MAX_PER_SAMPLE, parse_seq
+from advisor.inputs import MAX_GPUS, MAX_PER_SAMPLE, FiniteFloatRange, parse_seq
 from advisor.rounds import repeat_note
 from calibration.harness.window import WindowSettings
 from runs.record import HOST_SPELL_S
@@ -61,15 +61,15 @@ def _default_store() -> Path:
 @click.option("--warmup", type=click.IntRange(min=0), default=WINDOW.warmup, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=WINDOW.steps, show_default=True,
               help="Measured steps, at least.")
-@click.option("--min-window-s", type=click.FloatRange(min=0), default=WINDOW.min_window_s, show_default=True,
+@click.option("--min-window-s", type=FiniteFloatRange(min=0), default=WINDOW.min_window_s, show_default=True,
               help="Run more steps until the measured window is this long (energy counters tick every ~0.1 s).")
-@click.option("--precision", type=click.FloatRange(min=0, max=1), default=WINDOW.precision, show_default=True,
+@click.option("--precision", type=FiniteFloatRange(min=0, max=1), default=WINDOW.precision, show_default=True,
               help=f"Then run more steps (up to {WINDOW.max_steps}, or {WINDOW.max_window_s:g} s) until the mean "
                    "step time's relative standard error "
                    "is this small; 0: stop at --steps and --min-window-s.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=1), default=600, show_default=True,
               help="Seconds per run before it is stopped and recorded as a timeout.")
-@click.option("--budget", "budget_s", type=click.FloatRange(min=1), default=None,
+@click.option("--budget", "budget_s", type=FiniteFloatRange(min=1), default=None,
               help="Seconds for this whole command (op builds included): no run starts or runs past it.")
 @click.option("--parallel/--serial", default=True, show_default=True,
               help="Run single-GPU candidates side by side, one per GPU, each on its share of the cores.")

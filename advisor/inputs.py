@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
+
 
 class InputError(ValueError):
     """A command-line value that cannot be used; the message names the option."""
@@ -193,3 +195,14 @@ def _check_folder(folder: Path, option: str, text: str, make: bool) -> None:
             pass
     except OSError as exc:
         raise InputError(f"bad {option} '{text}': cannot write there ({exc.strerror})") from None
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange without NaN (which passes its bounds, every comparison being false) or
+    infinity: a window, timeout or budget of inf runs until the machine is taken away."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number

@@ -35,6 +35,12 @@ class SweepFileError(ValueError):
     """A sweep line that cannot be run; the message names the file and line."""
 
 
+def _check_vision_inputs(arch, model: str, images: int, frames: int) -> None:
+    """Images or frames need a vision encoder: a text model's run would train on none of them."""
+    if (images or frames) and arch.vision is None:
+        raise SweepFileError(f"model '{model}' has no vision encoder; images and frames need one")
+
+
 def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: int | None = None, images: int = 0,
                              frames: int = 0, image_size: int | None = None, freeze_vision: bool = False,
                              label: str = "", loss_dtype: str = "fp32", cpu_threads_per_rank: int = 0) -> Candidate:
@@ -43,6 +49,7 @@ def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: in
     from models.ds_config import gpus_from_batch, parse_ds_config, strategy_from_ds_config
 
     arch = load_architecture(model)
+    _check_vision_inputs(arch, model, images, frames)
     freeze_vision = freeze_vision and arch.vision is not None  # a text model has nothing to freeze
     settings = parse_ds_config(ds_config, arch)
     sp = settings.fields.get("sp", 1)
@@ -64,6 +71,7 @@ def candidate_from_strategy(model: str, seq_len: int, strategy: dict, images: in
     from models.strategy import Strategy, static_reasons
 
     arch = load_architecture(model)
+    _check_vision_inputs(arch, model, images, frames)
     freeze_vision = freeze_vision and arch.vision is not None
     s = Strategy(**strategy)
     reasons = static_reasons(s, arch)

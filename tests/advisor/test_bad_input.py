@@ -70,6 +70,11 @@ def assert_one_line_error(result) -> str:
      "cannot write there"),
     (["recommend", "--model", "7B", "--seq", "4k", "--validate", "1", "--workdir", "/proc/w"], "cannot make folder"),
     (["wheelhouse", "--out", "/proc/wheels", "--deepspeed-version", "0.19.8"], "cannot make folder"),
+    # NaN passes click's FloatRange, infinity its lower bound: a window or budget without end (2026-12-04)
+    (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--precision", "nan"], "not a finite"),
+    (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--min-window-s", "inf"], "not a finite"),
+    (["recommend", "--model", "7B", "--seq", "4k", "--validate", "1", "--budget", "inf"], "not a finite"),
+    (["calibrate", "--cpu-tdp-w", "nan"], "not a finite"),
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/runs.db"],
      "not a usable run store"),
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/no/runs.db"],
@@ -85,6 +90,16 @@ def assert_one_line_error(result) -> str:
 ])
 def test_bad_input_seen_in_the_wild_is_one_line(args, needle):
     assert needle in assert_one_line_error(invoke(args))
+
+
+def test_images_for_a_text_model_are_one_line_in_validate_as_in_predict(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 1}))
+    for command in ("predict", "validate"):
+        out = assert_one_line_error(invoke([command, "--model", "tiny-cpu", "--seq", "256", "--ds-config", str(path),
+                                            "--images", "2", "--workdir" if command == "validate" else "--json",
+                                            *([str(tmp_path / "w")] if command == "validate" else [])]))
+        assert "no vision encoder" in out, command
 
 
 @pytest.mark.parametrize("command", ["predict", "validate"])
