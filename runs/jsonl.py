@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from runs.record import RunRecord
+from runs.record import RunRecord, RunRecordError
 
 
 class RunFileError(ValueError):
@@ -28,7 +28,7 @@ def read_records(path: str | Path, missing_ok: bool = False) -> list[RunRecord]:
             continue
         try:
             records.append(RunRecord.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as exc:
+        except (json.JSONDecodeError, RunRecordError) as exc:
             if number == len(lines) and isinstance(exc, json.JSONDecodeError):
                 break  # torn by a killed writer: the run it held is run again
             raise RunFileError(f"{path}:{number}: not a run record ({type(exc).__name__}: {exc})") from None

@@ -10,6 +10,7 @@ not measured (no sensor, or the run failed), never zero.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -19,6 +20,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 STATUSES = ("ok", "oom", "crash", "timeout")
+
+
+class RunRecordError(ValueError):
+    """A stored record that is not a run record: the field and what is wrong with it."""
+
+
+@functools.cache
+def _record_adapter():
+    """pydantic's validator of `RunRecord` (built once: a few milliseconds)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(RunRecord)
 # How a harness run whose GPU allocations were recorded says so in `config_adjustments`.
 MEMORY_TRACE_ADJUSTMENT = ("GPU allocations recorded (ADVISOR_MEMORY_TRACE): steps carry the recording's cost, "
                            "and host memory the recording's own")
@@ -258,10 +271,6 @@ class Candidate:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "Candidate":
-        return cls(**{"loss_dtype": LEGACY_LOSS_DTYPE, **data})
-
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -293,15 +302,23 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunRecord":
-        return cls(
-            key=data["key"],
-            date=data["date"],
-            candidate=Candidate.from_dict(data["candidate"]),
-            result=RunResult.from_dict(data["result"]),
-            prediction=data.get("prediction"),
-            profile=data.get("profile"),
-            notes=list(data.get("notes", [])),
-        )
+        """A record as stored, every field's type checked (pydantic): a record edited by hand, or
+        written by something else, fails here naming the field (`RunRecordError`), not later inside
+        the model. Fields a newer harness added are ignored; a candidate from before the loss dtype
+        takes the loss it ran (`LEGACY_LOSS_DTYPE`)."""
+        from pydantic import ValidationError
+
+        if not isinstance(data, dict):
+            raise RunRecordError(f"a record is a JSON object, got {type(data).__name__}")
+        candidate = data.get("candidate")
+        if isinstance(candidate, dict):
+            data = {**data, "candidate": {"loss_dtype": LEGACY_LOSS_DTYPE, **candidate}}
+        try:
+            return _record_adapter().validate_python(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "record"
+            raise RunRecordError(f"{where}: {first['msg']}") from None
 
     def to_json_line(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True) + "\n"

@@ -107,6 +107,34 @@ def test_a_malformed_jsonl_line_is_named(tmp_path):
         assert store.count() == 0  # the good line was not half-imported either
 
 
+@pytest.mark.parametrize("edit, named", [
+    (lambda d: d["candidate"].update(model=None), "candidate.model"),
+    (lambda d: d["candidate"].update(seq_len="long"), "candidate.seq_len"),
+    (lambda d: d["result"].update(status="weird"), "unknown status"),
+    (lambda d: d.update(result=None), "result"),
+    (lambda d: d["result"].update(step_time_s=[1.0]), "result.step_time_s"),
+])
+def test_a_record_of_the_wrong_types_is_named_by_line_and_field(tmp_path, edit, named):
+    """A record edited by hand failed deep inside the model (a null model: AttributeError in `advisor
+    report`, 2026-12-04); every field's type is now checked as the line is read."""
+    from runs.jsonl import read_records
+
+    data = json.loads(record(1024).to_json_line())
+    edit(data)
+    path = tmp_path / "runs.jsonl"
+    path.write_text(record(512).to_json_line() + json.dumps(data) + "\n" + record(2048).to_json_line())
+    with pytest.raises(RunFileError, match=rf"runs.jsonl:2: not a run record \(.*{named}"):
+        read_records(path)
+
+
+def test_a_record_from_a_newer_harness_keeps_what_it_knows_and_an_old_one_its_loss():
+    data = json.loads(record(1024).to_json_line())
+    data["result"]["a_field_from_the_future"] = 1
+    del data["candidate"]["loss_dtype"]
+    again = RunRecord.from_dict(data)
+    assert again.result == record(1024).result and again.candidate.loss_dtype == "bf16"
+
+
 def test_a_version_1_store_is_migrated_and_keeps_its_runs(tmp_path):
     path = tmp_path / "runs.db"
     db = sqlite3.connect(path)
