@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from advisor.inputs import FiniteFloatRange
+from advisor.inputs import FiniteFloatRange, writable_path
 from calibration import FAMILIES as FAMILY_CHOICES
 
 
@@ -61,6 +61,7 @@ def calibrate(quick, out, name, gpus, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu
     node (docs/CALIBRATION.md).
     """
     out = out or Path(f"{name or 'calibrated-profile'}.json")
+    writable_path(str(out), "--out", make_folder=True)  # its raw file beside it is written from the first result
     forwarded = _forwarded(out, name, quick, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu_idle_w, only)
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     if not under_torchrun:

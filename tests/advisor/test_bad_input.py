@@ -75,6 +75,7 @@ def assert_one_line_error(result) -> str:
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--min-window-s", "inf"], "not a finite"),
     (["recommend", "--model", "7B", "--seq", "4k", "--validate", "1", "--budget", "inf"], "not a finite"),
     (["calibrate", "--cpu-tdp-w", "nan"], "not a finite"),
+    (["calibrate", "--quick", "--out", "/proc/profile.json"], "cannot write there"),
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/runs.db"],
      "not a usable run store"),
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/no/runs.db"],
