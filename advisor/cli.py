@@ -286,6 +286,10 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
         raise InputError(f"{given} belongs to --validate K (measure K candidates): add it, or leave {given} out")
     if script is not None and "{ds_config}" not in script:
         raise InputError("--script must pass each candidate's config: put {ds_config} where your script takes it")
+    if script is not None:
+        from calibration.harness.runner import script_words
+
+        script_words(script, "ds_config.json", 1, model or "model", 1)  # a template that cannot be filled fails now
 
     if method == "exhaustive" and storage:
         raise InputError("--storage holds Optuna studies; --search exhaustive keeps nothing to resume")

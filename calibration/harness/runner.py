@@ -56,13 +56,35 @@ def split_slots(gpus: list[int | None], cpus: list[int] | None = None) -> list[S
     return [Slot(g, tuple(cpus[i * share : (i + 1) * share]) or None) for i, g in enumerate(gpus)]
 
 
+class ScriptTemplateError(ValueError):
+    """A --script template that cannot be filled in or split into words."""
+
+
+def script_words(template: str, config_path: str | Path, gpus: int, model: str, seq: int) -> list[str]:
+    """The user's script with {ds_config}, {gpus}, {model} and {seq} filled in, as words; the error
+    says what is wrong (checked with stand-in values before any run, so a bad template costs no run)."""
+    try:
+        line = template.format(ds_config=shlex.quote(str(config_path)), gpus=gpus, model=shlex.quote(model), seq=seq)
+    except (KeyError, IndexError) as exc:
+        field = f"{{{exc.args[0]}}}" if isinstance(exc, KeyError) else "an empty or numbered {}"
+        raise ScriptTemplateError(f"--script has {field}; it may name {{ds_config}}, {{gpus}}, {{model}} and {{seq}} "
+                                  "(write {{ and }} for a brace itself)") from None
+    except ValueError as exc:
+        raise ScriptTemplateError(f"--script: {exc} (write {{{{ and }}}} for a brace itself)") from None
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise ScriptTemplateError(f"--script cannot be split into words: {exc}") from None
+    if not words:
+        raise ScriptTemplateError("--script is empty")
+    return words
+
+
 def script_command(c: Candidate, config_path: Path, s: RunSettings) -> list[str]:
-    """The user's script with {ds_config}, {gpus}, {model} and {seq} filled in. A command that starts
-    with `python` gets torchrun's launcher for several ranks; any other brings its own (`deepspeed
-    --num_gpus {gpus} ...`). It reports through advisor.monitor.StepMeter (see `script_env`)."""
-    line = c.script.format(ds_config=shlex.quote(str(config_path)), gpus=c.gpus, model=shlex.quote(c.model),
-                           seq=c.seq_len)
-    words = shlex.split(line)
+    """The user's script filled in (`script_words`). A command that starts with `python` gets
+    torchrun's launcher for several ranks; any other brings its own (`deepspeed --num_gpus {gpus} ...`).
+    It reports through advisor.monitor.StepMeter (see `script_env`)."""
+    words = script_words(c.script, config_path, c.gpus, c.model, c.seq_len)
     if words and Path(words[0]).name.startswith("python") and c.gpus > 1:
         words = [s.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(c.gpus), *words[1:]]
     return words

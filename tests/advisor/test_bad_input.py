@@ -76,6 +76,13 @@ def assert_one_line_error(result) -> str:
     (["recommend", "--model", "7B", "--seq", "4k", "--validate", "1", "--budget", "inf"], "not a finite"),
     (["calibrate", "--cpu-tdp-w", "nan"], "not a finite"),
     (["calibrate", "--quick", "--out", "/proc/profile.json"], "cannot write there"),
+    # a --script template that cannot be filled failed in the run's thread, after the search
+    (["recommend", "--model", "tiny-cpu", "--seq", "256", "--validate", "1", "--script", "python 'x {ds_config}"],
+     "cannot be split into words"),
+    (["recommend", "--model", "tiny-cpu", "--seq", "256", "--validate", "1", "--script", "python {ds_config} {steps}"],
+     "has {steps}"),
+    (["recommend", "--model", "tiny-cpu", "--seq", "256", "--validate", "1", "--script", "python {ds_config} {}"],
+     "empty or numbered"),
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/runs.db"],
      "not a usable run store"),
     (["validate", "--sweep", "data/sweeps/h200-x1-no-ckpt-pairs-phases.jsonl", "--store", "/proc/no/runs.db"],
