@@ -95,7 +95,7 @@ class Strategy:
 
 def _type_reasons(s: Strategy) -> list[str]:
     """Fields whose values are not of their declared type (a sweep file's JSON can hold anything):
-    a bool is no count, and a count is no float's place to be a bool."""
+    a bool is not a count, a string not a stage, NaN not a ratio. numpy's scalars count as theirs."""
     wrong = []
     for f in fields(Strategy):
         value, kind = getattr(s, f.name), f.type

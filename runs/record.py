@@ -20,18 +20,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 STATUSES = ("ok", "oom", "crash", "timeout")
-
-
-class RunRecordError(ValueError):
-    """A stored record that is not a run record: the field and what is wrong with it."""
-
-
-@functools.cache
-def _record_adapter():
-    """pydantic's validator of `RunRecord` (built once: a few milliseconds)."""
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(RunRecord)
 # How a harness run whose GPU allocations were recorded says so in `config_adjustments`.
 MEMORY_TRACE_ADJUSTMENT = ("GPU allocations recorded (ADVISOR_MEMORY_TRACE): steps carry the recording's cost, "
                            "and host memory the recording's own")
@@ -270,6 +258,18 @@ class Candidate:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class RunRecordError(ValueError):
+    """A stored record that is not a run record: the field and what is wrong with it."""
+
+
+@functools.cache
+def _record_adapter():
+    """pydantic's validator of `RunRecord` (built once: a few milliseconds)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(RunRecord)
 
 
 @dataclass(frozen=True)
