@@ -92,7 +92,6 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         local_slots,
         prebuild_local,
         print_progress,
-        print_skip,
         run_validation,
     )
     from advisor.inputs import writable_folder, writable_path
@@ -125,7 +124,6 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
 
     def left_out(candidate, why: str) -> None:
         beyond_host.append({"label": candidate.label, "reason": why})
-        print_skip(candidate, why)
 
     with RunStore(store_path or _default_store()) as store:
         left = budget_s - (time.monotonic() - started) if budget_s else None

@@ -279,7 +279,7 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
     `contend` names of the first round's measurements, in alternating order. Every chosen strategy
     with its first round's record (this loop's run, else the latest stored) and its later ones.
     Each round keeps its own run file, so an interrupted loop resumes where it stopped."""
-    from advisor.validate import candidate_from_strategy, local_slots, prebuild_local, print_skip, run_validation
+    from advisor.validate import candidate_from_strategy, local_slots, prebuild_local, run_validation
     from calibration.harness.runner import RunSettings
     from runs.jsonl import read_records
     from runs.store import RunStore, default_store_path
@@ -304,7 +304,6 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
     not_started: dict[str, str] = {}
 
     def skipped(c, why: str) -> None:
-        print_skip(c, why)
         not_started[c.key()] = why
 
     with RunStore(settings.store or default_store_path()) as store:

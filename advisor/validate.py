@@ -35,10 +35,12 @@ class SweepFileError(ValueError):
     """A sweep line that cannot be run; the message names the file and line."""
 
 
-def _check_vision_inputs(arch, model: str, images: int, frames: int) -> None:
-    """Images or frames need a vision encoder: a text model's run would train on none of them."""
-    if (images or frames) and arch.vision is None:
-        raise SweepFileError(f"model '{model}' has no vision encoder; images and frames need one")
+def _check_workload(arch, seq_len: int, images: int, frames: int, image_size: int | None, loss_dtype: str) -> None:
+    """The workload the candidate runs, checked by its owner (`models.workload.Workload`) before the run:
+    images for a text model, or more vision tokens than the context, would run a step no prediction has."""
+    from models.workload import Workload
+
+    Workload(arch, seq_len, images=images, frames=frames, image_size=image_size, loss_dtype=loss_dtype)
 
 
 def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: int | None = None, images: int = 0,
@@ -49,7 +51,7 @@ def candidate_from_ds_config(model: str, seq_len: int, ds_config: dict, gpus: in
     from models.ds_config import gpus_from_batch, parse_ds_config, strategy_from_ds_config
 
     arch = load_architecture(model)
-    _check_vision_inputs(arch, model, images, frames)
+    _check_workload(arch, seq_len, images, frames, image_size, loss_dtype)
     freeze_vision = freeze_vision and arch.vision is not None  # a text model has nothing to freeze
     settings = parse_ds_config(ds_config, arch)
     sp = settings.fields.get("sp", 1)
@@ -71,7 +73,7 @@ def candidate_from_strategy(model: str, seq_len: int, strategy: dict, images: in
     from models.strategy import Strategy, static_reasons
 
     arch = load_architecture(model)
-    _check_vision_inputs(arch, model, images, frames)
+    _check_workload(arch, seq_len, images, frames, image_size, loss_dtype)
     freeze_vision = freeze_vision and arch.vision is not None
     s = Strategy(**strategy)
     reasons = static_reasons(s, arch)
@@ -131,7 +133,7 @@ def candidates_from_sweep(path: str | Path) -> list[Candidate]:
                 raise SweepFileError("needs 'strategy' or 'ds_config'")
         except SweepFileError as exc:
             raise SweepFileError(f"{where}: {exc}") from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise SweepFileError(f"{where}: {type(exc).__name__}: {exc}") from None
         out.append(c)
     return out
@@ -268,8 +270,9 @@ def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir
                    on_skip: Callable[[Candidate, str], None] | None = None) -> list[RunRecord]:
     """Predict, run and store each candidate not yet in `jsonl_path` (nor in `store`, unless
     `skip_stored` is False: a repeat); return new records. A candidate predicted to need more host
-    memory than this host has available is not run (`on_skip`, else a line on stderr): the profile's
-    host may be larger than the one validating (a 7B offload step on a 125 GiB host, 2026-12-04)."""
+    memory than this host has available is not run: a line on stderr says so, and `on_skip` hears of
+    it. The profile's host may be larger than the one validating (a 7B offload step on a 125 GiB host,
+    2026-12-04)."""
     from calibration.environment import host_memory_available_gib
     from calibration.harness.runner import run_sweep
 
@@ -281,11 +284,16 @@ def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir
         if on_record:
             on_record(r)
 
+    def skipped(c: Candidate, why: str):
+        print_skip(c, why)
+        if on_skip:
+            on_skip(c, why)
+
     if settings.host_memory_gib is None:
         settings = replace(settings, host_memory_gib=host_memory_available_gib())
     return run_sweep(todo, jsonl_path, workdir, settings, slots, predict=make_predictor(profile),
                      on_record=record, deadline_s=deadline_s, retry=retry, concurrent=concurrent,
-                     on_skip=on_skip or print_skip)
+                     on_skip=skipped)
 
 
 def local_slots(parallel: bool = True) -> list:

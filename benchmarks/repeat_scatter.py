@@ -84,9 +84,8 @@ def scatter(residuals: dict) -> list[Scatter]:
     rows = []
     for regime in ("gpu_bound", "host_bound"):
         mine = [v for (_, r), v in residuals.items() if r == regime]
-        across = mine
         within = [[x for x in v if x[0] == lease] for v in mine for lease in {x[0] for x in v}]
-        for scope, groups in (("across leases", across), ("within one lease", within)):
+        for scope, groups in (("across leases", mine), ("within one lease", within)):
             n, m, sd = pooled([[x[1] for x in g] for g in groups])
             rows.append(Scatter(regime, scope, n, m, sd, pooled([[x[2] for x in g] for g in groups])[2]))
     return rows

@@ -365,10 +365,10 @@ def run_sweep(
                     pending.pop(0)
                     why = f"needs {head.gpus} GPUs, the machine has {len(slots)}"
                     finish(head, RunResult(status="crash", reason=why), (None, None, []))
-                elif beyond_host(head):
+                elif why := beyond_host(head):
                     pending.pop(0)
                     if on_skip:
-                        on_skip(head, beyond_host(head))
+                        on_skip(head, why)
                 elif may_start(head):
                     launch(pool, pending.pop(0))
                 else:
