@@ -1,5 +1,11 @@
 """Model architectures: LLaMA-style decoders, optionally fed by a ViT vision encoder.
 
+A decoder's heads may be wider or narrower than hidden / heads: Qwen3, Gemma and Mistral-Nemo
+configs say so with `head_dim`, and then q, o, k and v are sized by it, not by the hidden width.
+Mixture-of-experts configs and decoders of another block (a plain GELU MLP, LayerNorm, parallel
+attention: GPT-NeoX, Phi-2, StarCoder2, ...) are refused: they would be counted as dense SwiGLU
+decoders, and a prediction that looks right but is not is worse than none.
+
 Presets ship as JSON files in data/models/ (one per model, Hugging Face field names).
 A user's own `config.json` in the Hugging Face format is read the same way; LLaVA's
 layout (`text_config` + `vision_config`) and Qwen2-VL's (top-level text fields +
@@ -16,6 +22,18 @@ MODELS_DIR = REPO_ROOT / "data" / "models"
 
 # Short names users type; the README says which model each one means.
 ALIASES = {"7B": "llama-2-7b", "13B": "llama-2-13b", "70B": "llama-2-70b"}
+
+
+# Hugging Face's names for the expert count (Mixtral, Qwen2/3-MoE, DeepSeek, OLMoE, GPT-OSS).
+MOE_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+# Hugging Face model types whose decoder block is not LLaMA's (no gated MLP); their configs carry
+# the same width keys, so only the type tells them apart.
+OTHER_BLOCK_MODEL_TYPES = frozenset({
+    "gpt2", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gptj", "gpt_bigcode", "codegen", "phi",
+    "starcoder2", "falcon", "opt", "bloom", "mpt", "persimmon", "biogpt", "xglm",
+})
 
 
 class ModelConfigError(ValueError):
@@ -56,10 +74,16 @@ class Architecture:
     vocab_size: int
     tie_embeddings: bool = False
     vision: VisionEncoder | None = None
+    head_dim: int | None = None  # None: hidden_size / num_heads, as LLaMA and Qwen2 have it
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def attention_dim(self) -> int:
+        """Width of the queries and of the attention output (o_proj's input): heads x head_dim."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -69,7 +93,7 @@ class Architecture:
     def layer_params(self) -> int:
         """Parameters of one decoder block: attention (GQA), SwiGLU MLP, two RMSNorms."""
         h = self.hidden_size
-        attention = 2 * h * h + 2 * h * self.kv_dim
+        attention = 2 * h * self.attention_dim + 2 * h * self.kv_dim
         mlp = 3 * h * self.intermediate_size
         return attention + mlp + 2 * h
 
@@ -139,13 +163,28 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     where = f"{origin} text_config" if "text_config" in cfg else origin
     if not isinstance(text, dict):
         raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
+    model_type = text.get("model_type", cfg.get("model_type"))
+    if model_type in OTHER_BLOCK_MODEL_TYPES:
+        raise ModelConfigError(f"{where}: model_type '{model_type}' has a decoder block other than LLaMA's "
+                               "(no gated MLP); only LLaMA-style decoders are modelled")
     hidden = _require(text, "hidden_size", where)
     heads = _require(text, "num_attention_heads", where)
-    kv_heads = text.get("num_key_value_heads", heads)
+    kv_heads = text.get("num_key_value_heads")
+    if kv_heads is None:  # absent or null (Phi-3 and others write null): one KV head per head
+        kv_heads = heads
     if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0 or heads % kv_heads:
         raise ModelConfigError(f"{where}: 'num_key_value_heads' must divide num_attention_heads ({heads}), got {kv_heads!r}")
-    if hidden % heads:
-        raise ModelConfigError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+    experts = next((text[k] for k in MOE_EXPERT_KEYS if isinstance(text.get(k), int) and text[k] > 1), None)
+    if experts is not None:
+        raise ModelConfigError(f"{where}: a mixture-of-experts model ({experts} experts) is not modelled; "
+                               "only dense decoders are")
+    head_dim = text.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise ModelConfigError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}"
+                                   " and no head_dim is given")
+    else:
+        _positive_int(head_dim, "head_dim", where)
     vision = None
     if cfg.get("vision_config") is not None:  # null: a text model (some configs write it so)
         vision = _vision_from_config(cfg["vision_config"], hidden, origin)
@@ -160,6 +199,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         tie_embeddings=_flag(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)),
                              "tie_word_embeddings", where),
         vision=vision,
+        head_dim=head_dim,
     )
 
 

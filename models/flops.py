@@ -129,9 +129,9 @@ class MicroStepWork:
 
 def _llm_gemms(w: Workload, t: np.ndarray, n_ckpt: np.ndarray) -> list[GemmClass]:
     a = w.arch
-    h, kv, f = a.hidden_size, a.kv_dim, a.intermediate_size
+    h, q, kv, f = a.hidden_size, a.attention_dim, a.kv_dim, a.intermediate_size
     per_layer = {  # name: (in, out) of one linear layer in a decoder block
-        "q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+        "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
         "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h),
     }
     out = [
@@ -144,8 +144,8 @@ def _llm_gemms(w: Workload, t: np.ndarray, n_ckpt: np.ndarray) -> list[GemmClass
 
 def counted_layer_bytes_per_token(a) -> float:
     """A decoder layer's elementwise forward bytes per token as counted from its ops (bf16, fused)."""
-    h, kv, f = a.hidden_size, a.kv_dim, a.intermediate_size
-    return float(BF16 * (2 * 2 * h + 2 * (h + kv) + 3 * f + 2 * 3 * h))
+    h, q, kv, f = a.hidden_size, a.attention_dim, a.kv_dim, a.intermediate_size
+    return float(BF16 * (2 * 2 * h + 2 * (q + kv) + 3 * f + 2 * 3 * h))
 
 
 def counted_vit_block_bytes_per_token(hidden, ffn, gated_mlp=False) -> float:
@@ -161,7 +161,7 @@ def _llm_elementwise_bytes_per_token(w: Workload, measured: "LayerElementwise | 
 
     Per layer, where the profile measured its layer's kernels (`measured`): a third of their
     effective bytes (backward is counted as twice forward). Otherwise the bytes counted from the ops:
-    two RMSNorms (read h, write h), RoPE on q and k (read and write h + kv), SwiGLU (read gate and
+    two RMSNorms (read h, write h), RoPE on q and k (read and write q + kv), SwiGLU (read gate and
     up, write f), two residual adds (read 2h, write h); unfused fp32 kernels take several times that.
     Outside: embedding lookup and final norm (4h each) and the loss on the logits
     (`loss_bytes_per_vocab`).
@@ -283,5 +283,5 @@ def matmul_params(w: Workload) -> int:
     """N of the 6N rule: the decoder's matmul weights plus the LM head (no embedding lookup, no norms)."""
     a = w.arch
     h = a.hidden_size
-    per_layer = 2 * h * h + 2 * h * a.kv_dim + 3 * h * a.intermediate_size
+    per_layer = 2 * h * a.attention_dim + 2 * h * a.kv_dim + 3 * h * a.intermediate_size
     return a.num_layers * per_layer + h * a.vocab_size

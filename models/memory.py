@@ -192,15 +192,15 @@ def activation_bytes_per_token(workload: Workload, sp=1) -> tuple[np.ndarray, fl
 
     What autograd saves in the harness's decoder layer: two RMSNorms of 12 bytes per hidden
     element each (`RMSNORM_BYTES_PER_ELEMENT`). Attention keeps q and,
-    after the GQA repeat to all heads, k and v (h wide each), the SDPA output (h) and its fp32
-    log-sum-exp (4 bytes per head). The SwiGLU keeps gate, silu(gate), up and their product (4f).
-    Under Ulysses (sp > 1) the all-to-all's output feeding o_proj is a tensor of its own (h).
-    A checkpointed layer keeps only its input (h).
+    after the GQA repeat to all heads, k and v (heads x head_dim wide each, `attention_dim`), the
+    SDPA output (the same width) and its fp32 log-sum-exp (4 bytes per head). The SwiGLU keeps gate,
+    silu(gate), up and their product (4f). Under Ulysses (sp > 1) the all-to-all's output feeding
+    o_proj is a tensor of its own (attention_dim). A checkpointed layer keeps only its input (h).
     """
     a = workload.arch
-    h, f = a.hidden_size, a.intermediate_size
-    full = 2 * RMSNORM_BYTES_PER_ELEMENT * h + BF16 * (4 * h + 4 * f) + FP32 * a.num_heads
-    ulysses = np.where(np.asarray(sp) > 1, BF16 * h, 0.0)
+    h, q, f = a.hidden_size, a.attention_dim, a.intermediate_size
+    full = 2 * RMSNORM_BYTES_PER_ELEMENT * h + BF16 * (4 * q + 4 * f) + FP32 * a.num_heads
+    ulysses = np.where(np.asarray(sp) > 1, BF16 * q, 0.0)
     return full + ulysses, float(BF16 * h)
 
 

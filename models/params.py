@@ -88,8 +88,8 @@ class ParamCounts:
 def decoder_tensors(arch: Architecture) -> tuple[int, ...]:
     """Elements of each decoder parameter tensor, in the harness's (and Hugging Face's) layout: per
     layer q, k, v, o, gate, up, down and two norms; the embedding, the final norm, an untied LM head."""
-    h, f, kv = arch.hidden_size, arch.intermediate_size, arch.kv_dim
-    layer = (h * h, h * kv, h * kv, h * h, h * f, h * f, f * h, h, h)
+    h, f, q, kv = arch.hidden_size, arch.intermediate_size, arch.attention_dim, arch.kv_dim
+    layer = (h * q, h * kv, h * kv, q * h, h * f, h * f, f * h, h, h)
     head = () if arch.tie_embeddings else (arch.vocab_size * h,)
     return (arch.vocab_size * h,) + layer * arch.num_layers + (h,) + head
 
@@ -98,7 +98,7 @@ def count_params(workload: Workload) -> ParamCounts:
     arch: Architecture = workload.arch
     h, v = arch.hidden_size, arch.vision
     llm_modules = arch.num_layers * LLM_MODULES_PER_LAYER + 2 + (0 if arch.tie_embeddings else 1)
-    largest = max(arch.vocab_size * h, h * arch.intermediate_size, h * h)
+    largest = max(arch.vocab_size * h, h * arch.intermediate_size, h * arch.attention_dim)
     enc = proj = vit_layer = vis_modules = 0
     tensors = llm_modules  # one weight each
     # A vision tower's weights (and the projector's optimizer state) exist whether or not this

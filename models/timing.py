@@ -351,7 +351,7 @@ def _ulysses_all_to_all_s(workload: Workload, work: MicroStepWork, b: StrategyBa
                           profile: HardwareProfile) -> np.ndarray:
     """Ulysses all-to-alls per micro-step: q, k, v and out per layer; the same again in backward and recompute."""
     a = workload.arch
-    a2a_bytes_layer = BF16 * work.tokens_per_gpu * (2 * a.hidden_size + 2 * a.kv_dim)
+    a2a_bytes_layer = BF16 * work.tokens_per_gpu * (2 * a.attention_dim + 2 * a.kv_dim)
     layers_a2a = 2 * a.num_layers + work.checkpointed_layers
     return collective_s(profile, "all_to_all", a2a_bytes_layer * layers_a2a, 4 * layers_a2a, b.sp.astype(float),
                         b.sp <= b.gpus_per_node)

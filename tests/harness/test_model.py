@@ -12,8 +12,9 @@ from harness_helpers import TINY, TINY_VL
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from calibration.harness.data import make_batch, vision_group_starts
-from calibration.harness.model import Checkpointing, CoreAttention, Transformer
+from calibration.harness.model import Checkpointing, CoreAttention, DecoderBlock, Transformer, rope_tables
 from models.architecture import architecture_from_config, load_architecture
+from models.memory import activation_bytes_per_token
 from models.params import count_params
 from models.workload import Workload
 
@@ -31,9 +32,37 @@ def n_params(module) -> int:
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_text_parameters_equal_the_cost_models_count(tied):
-    arch = tiny(tie_word_embeddings=tied)
+@pytest.mark.parametrize("head_dim", [None, 32])  # 32: heads twice as wide as hidden / heads (Qwen3, Gemma)
+def test_text_parameters_equal_the_cost_models_count(tied, head_dim):
+    arch = tiny(tie_word_embeddings=tied, **({} if head_dim is None else {"head_dim": head_dim}))
     assert n_params(Transformer(arch)) == arch.llm_params
+
+
+@pytest.mark.parametrize("head_dim", [None, 64, 16])
+def test_a_decoder_block_saves_what_the_memory_model_counts(head_dim):
+    """Autograd's saved tensors of one bf16 block, weights and the shared RoPE tables left out, are
+    the memory model's per-token count to the byte, but for the two norms' fp32 rsqrt (4 bytes a
+    token each), which it leaves out; heads wider or narrower than hidden / heads included."""
+    cfg = {"hidden_size": 256, "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "intermediate_size": 512, "vocab_size": 64, **({} if head_dim is None else {"head_dim": head_dim})}
+    arch = architecture_from_config(cfg, name="block")
+    block = DecoderBlock(arch, None).to(torch.bfloat16)
+    seq = 128
+    cos, sin = rope_tables(torch.arange(seq), arch.head_dim)
+    shared = {p.untyped_storage().data_ptr() for p in [*block.parameters(), cos, sin]}
+    saved: dict[int, int] = {}
+
+    def keep(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in shared:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    x = torch.randn(1, seq, arch.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        block(x, cos, sin)
+    full, _ = activation_bytes_per_token(Workload(arch, seq))
+    assert sum(saved.values()) / seq == float(full) + 2 * 4
 
 
 def test_real_preset_parameter_count_on_the_meta_device():

@@ -1,0 +1,80 @@
+"""Reading Hugging Face configs: heads sized by an explicit head_dim (Qwen3, Gemma, Mistral-Nemo),
+and mixture-of-experts configs refused in one line rather than counted as a dense MLP."""
+from __future__ import annotations
+
+import pytest
+
+from models.architecture import ModelConfigError, architecture_from_config
+from models.flops import matmul_params, micro_step_work
+from models.params import count_params
+from models.workload import Workload
+
+# Qwen/Qwen3-4B's config.json widths: 32 heads of 128 on a 2560-wide stream (80 if derived).
+QWEN3_4B = {"hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "intermediate_size": 9728, "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+def test_an_explicit_head_dim_sizes_q_o_k_and_v():
+    a = architecture_from_config(QWEN3_4B, name="qwen3-4b")
+    assert (a.head_dim, a.attention_dim, a.kv_dim) == (128, 4096, 1024)
+    h, f = 2560, 9728
+    per_layer = 2 * h * 4096 + 2 * h * 1024 + 3 * h * f + 2 * h
+    assert a.layer_params == per_layer
+    # 4,022,458,880: Hugging Face's 4,022,468,096 less the q/k norms (2 x 128 a layer) it adds
+    assert count_params(Workload(a, 4096)).llm == 36 * per_layer + 151936 * h + h == 4_022_458_880
+
+
+def test_head_dim_equal_to_hidden_over_heads_changes_nothing():
+    base = {**QWEN3_4B, "head_dim": 80}
+    derived = {k: v for k, v in QWEN3_4B.items() if k != "head_dim"}
+    assert architecture_from_config(base, name="m") == architecture_from_config(derived, name="m")
+
+
+def test_training_flops_follow_the_attention_width_not_the_hidden_width():
+    a = architecture_from_config(QWEN3_4B, name="qwen3-4b")
+    seq = 8192
+    w = Workload(a, seq)
+    n = 36 * (2 * 2560 * 4096 + 2 * 2560 * 1024 + 3 * 2560 * 9728) + 2560 * 151936
+    assert matmul_params(w) == n
+    per_token = float(micro_step_work(w, micro_batch=1, sp=1, checkpoint_every=0).total_flops()) / seq
+    assert per_token == pytest.approx(6 * n + 6 * 36 * 4096 * seq, rel=1e-12)
+
+
+@pytest.mark.parametrize("key", ["num_local_experts", "num_experts", "n_routed_experts"])
+def test_a_mixture_of_experts_config_is_refused(key):
+    with pytest.raises(ModelConfigError, match="mixture-of-experts"):
+        architecture_from_config({**QWEN3_4B, key: 8}, name="moe")
+
+
+def test_one_expert_is_a_dense_model():
+    assert architecture_from_config({**QWEN3_4B, "num_local_experts": 1}, name="m").head_dim == 128
+
+
+@pytest.mark.parametrize("head_dim", [0, -64, 64.0, "128", True])
+def test_a_head_dim_that_is_not_a_positive_integer_is_refused(head_dim):
+    with pytest.raises(ModelConfigError, match="head_dim"):
+        architecture_from_config({**QWEN3_4B, "head_dim": head_dim}, name="m")
+
+
+def test_a_hidden_width_the_heads_do_not_divide_needs_a_head_dim():
+    derived = {k: v for k, v in QWEN3_4B.items() if k != "head_dim"}
+    with pytest.raises(ModelConfigError, match="no head_dim"):
+        architecture_from_config({**derived, "num_attention_heads": 24}, name="m")
+    assert architecture_from_config({**QWEN3_4B, "num_attention_heads": 24, "num_key_value_heads": 8},
+                                    name="m").attention_dim == 24 * 128
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "phi", "starcoder2"])
+def test_a_decoder_of_another_block_is_refused_not_counted_as_swiglu(model_type):
+    with pytest.raises(ModelConfigError, match=f"model_type '{model_type}'"):
+        architecture_from_config({**QWEN3_4B, "model_type": model_type}, name="m")
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama", "gemma", "mistral", None])
+def test_llama_style_model_types_are_read(model_type):
+    assert architecture_from_config({**QWEN3_4B, "model_type": model_type}, name="m").head_dim == 128
+
+
+def test_a_null_kv_head_count_means_one_per_head():
+    a = architecture_from_config({**QWEN3_4B, "num_key_value_heads": None}, name="m")
+    assert a.num_kv_heads == a.num_heads == 32
