@@ -28,11 +28,13 @@ ALIASES = {"7B": "llama-2-7b", "13B": "llama-2-13b", "70B": "llama-2-70b"}
 MOE_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
-# Hugging Face model types whose decoder block is not LLaMA's (no gated MLP); their configs carry
-# the same width keys, so only the type tells them apart.
+# Hugging Face model types whose decoder block is not LLaMA's: no gated MLP, or (mllama) image
+# features entering through cross-attention layers rather than as tokens. Their configs carry the
+# same width keys, so only the type tells them apart.
 OTHER_BLOCK_MODEL_TYPES = frozenset({
     "gpt2", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gptj", "gpt_bigcode", "codegen", "phi",
     "starcoder2", "falcon", "opt", "bloom", "mpt", "persimmon", "biogpt", "xglm",
+    "mllama", "mllama_text_model",
 })
 
 
@@ -163,10 +165,10 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     where = f"{origin} text_config" if "text_config" in cfg else origin
     if not isinstance(text, dict):
         raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
-    model_type = text.get("model_type", cfg.get("model_type"))
-    if model_type in OTHER_BLOCK_MODEL_TYPES:
-        raise ModelConfigError(f"{where}: model_type '{model_type}' has a decoder block other than LLaMA's "
-                               "(no gated MLP); only LLaMA-style decoders are modelled")
+    other = sorted({text.get("model_type"), cfg.get("model_type")} & OTHER_BLOCK_MODEL_TYPES)
+    if other:
+        raise ModelConfigError(f"{where}: model_type '{other[0]}' has a decoder block other than LLaMA's; "
+                               "only LLaMA-style decoders are modelled")
     hidden = _require(text, "hidden_size", where)
     heads = _require(text, "num_attention_heads", where)
     kv_heads = text.get("num_key_value_heads")

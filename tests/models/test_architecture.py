@@ -70,6 +70,14 @@ def test_a_decoder_of_another_block_is_refused_not_counted_as_swiglu(model_type)
         architecture_from_config({**QWEN3_4B, "model_type": model_type}, name="m")
 
 
+def test_a_cross_attention_vision_model_is_refused_by_its_outer_type():
+    cfg = {"model_type": "mllama", "text_config": {**QWEN3_4B, "model_type": "other"},
+           "vision_config": {"hidden_size": 1280, "num_hidden_layers": 32, "num_attention_heads": 16,
+                             "patch_size": 14, "image_size": 560}}
+    with pytest.raises(ModelConfigError, match="model_type 'mllama'"):
+        architecture_from_config(cfg, name="m")
+
+
 @pytest.mark.parametrize("model_type", ["qwen3", "llama", "gemma", "mistral", None])
 def test_llama_style_model_types_are_read(model_type):
     assert architecture_from_config({**QWEN3_4B, "model_type": model_type}, name="m").head_dim == 128
