@@ -38,6 +38,11 @@ OTHER_BLOCK_MODEL_TYPES = frozenset({
 })
 
 
+# `layer_types` the model counts as causal softmax attention; a sliding window is counted in full.
+# Others (Qwen3.5's linear_attention, a gated delta rule) have another cost and are refused.
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
 class ModelConfigError(ValueError):
     """A model name or config.json that cannot be used; the message says why."""
 
@@ -180,6 +185,11 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     if experts is not None:
         raise ModelConfigError(f"{where}: a mixture-of-experts model ({experts} experts) is not modelled; "
                                "only dense decoders are")
+    other_layers = sorted(set(text.get("layer_types") or ()) - ATTENTION_LAYER_TYPES) if isinstance(
+        text.get("layer_types"), list) else []
+    if other_layers:
+        raise ModelConfigError(f"{where}: layers of type {', '.join(map(str, other_layers))} are not modelled; "
+                               "only softmax attention layers are")
     head_dim = text.get("head_dim")
     if head_dim is None:
         if hidden % heads:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.architecture import ModelConfigError, architecture_from_config
+from models.architecture import ModelConfigError, architecture_from_config, load_architecture
 from models.flops import matmul_params, micro_step_work
 from models.params import count_params
 from models.workload import Workload
@@ -86,3 +86,18 @@ def test_llama_style_model_types_are_read(model_type):
 def test_a_null_kv_head_count_means_one_per_head():
     a = architecture_from_config({**QWEN3_4B, "num_key_value_heads": None}, name="m")
     assert a.num_kv_heads == a.num_heads == 32
+
+
+def test_linear_attention_layers_are_refused_and_sliding_ones_read():
+    hybrid = {**QWEN3_4B, "layer_types": ["linear_attention", "linear_attention", "full_attention"] * 12}
+    with pytest.raises(ModelConfigError, match="linear_attention are not modelled"):
+        architecture_from_config(hybrid, name="m")
+    sliding = {**QWEN3_4B, "layer_types": ["sliding_attention", "full_attention"] * 18}
+    assert architecture_from_config(sliding, name="m").num_layers == 36
+
+
+@pytest.mark.parametrize("preset, published_b", [("qwen3-0.6b", 0.6), ("qwen3-1.7b", 1.7), ("qwen3-4b", 4.0),
+                                                 ("qwen3-8b", 8.2), ("qwen3-14b", 14.8), ("qwen3-32b", 32.8)])
+def test_qwen3_presets_count_the_published_sizes(preset, published_b):
+    """Qwen's model cards: 0.6B, 1.7B, 4.0B, 8.2B, 14.8B and 32.8B parameters, embeddings included."""
+    assert count_params(Workload(load_architecture(preset), 4096)).llm / 1e9 == pytest.approx(published_b, abs=0.05)
