@@ -194,6 +194,9 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     batch = make_batch(workload, micro_batch, sp, sp_rank, dp_rank, device, dtype)
     # Peaks below are of training (warm-up and measured steps), not of start-up transients.
     init_peak, host_init_peak = (torch.cuda.max_memory_allocated() if cuda else None), host_memory.read()
+    # The pool DeepSpeed's start-up leaves behind (its flattening copies' segments): a floor under
+    # the step's reserved peak that no share of the step's allocations follows (docs/MEASUREMENTS.md).
+    init_reserved = torch.cuda.memory_reserved() if cuda else None
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     host_memory.reset()
@@ -296,6 +299,7 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
         machine={
             **machine_info(device_kind),
             "peak_gpu_mem_init_gib": init_peak / GIB if cuda else None,
+            "gpu_reserved_init_gib": init_reserved / GIB if cuda else None,
             "peak_host_mem_init_gib_rank0": host_init_peak / GIB,
         },
     )
