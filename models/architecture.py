@@ -38,6 +38,10 @@ OTHER_BLOCK_MODEL_TYPES = frozenset({
 })
 
 
+# Vision towers whose MLP is gated (SwiGLU), by the config's model type: Qwen2.5-VL's. CLIP's,
+# SigLIP's, Qwen2-VL's and Qwen3-VL's are plain; a config may say so itself with `gated_mlp`.
+GATED_VISION_MODEL_TYPES = frozenset({"qwen2_5_vl"})
+
 # `layer_types` the model counts as causal softmax attention; a sliding window is counted in full.
 # Others (Qwen3.5's linear_attention, a gated delta rule) have another cost and are refused.
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -143,22 +147,37 @@ def _flag(value, key: str, origin: str) -> bool:
     return value
 
 
-def _vision_from_config(cfg, text_hidden: int, origin: str) -> VisionEncoder:
+def _mlp_width(cfg: dict, hidden: int, where: str) -> int:
+    """The tower's MLP width: `intermediate_size`, else `mlp_ratio` x width (Qwen2-VL), else 4 x width."""
+    if "intermediate_size" in cfg or "mlp_ratio" not in cfg:
+        return _first(cfg, ("intermediate_size",), where, 4 * hidden)
+    ratio = cfg["mlp_ratio"]
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < float("inf"):
+        raise ModelConfigError(f"{where}: key 'mlp_ratio' must be a positive number, got {ratio!r}")
+    return max(1, round(ratio * hidden))
+
+
+def _vision_from_config(cfg, text_hidden: int, origin: str, model_type) -> VisionEncoder:
+    """Hugging Face's vision_config layouts: CLIP and SigLIP (LLaVA), Qwen2-VL (`embed_dim` is the
+    tower's width, its `hidden_size` the merger's output), Qwen2.5-VL (a gated MLP). The projector's
+    hidden width is the merged patch width where patches merge (Qwen's mergers), else the LLM's."""
     where = f"{origin} vision_config"
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"{where}: expected a JSON object, got {cfg!r}")
-    hidden = _first(cfg, ("hidden_size", "embed_dim"), where)
+    hidden = _first(cfg, ("embed_dim", "hidden_size"), where)
+    merge = _first(cfg, ("spatial_merge_size",), where, 1)
     return VisionEncoder(
         hidden_size=hidden,
         num_layers=_first(cfg, ("num_hidden_layers", "depth"), where),
         num_heads=_first(cfg, ("num_attention_heads", "num_heads"), where),
-        intermediate_size=_first(cfg, ("intermediate_size",), where, 4 * hidden),
+        intermediate_size=_mlp_width(cfg, hidden, where),
         patch_size=_require(cfg, "patch_size", where),
         image_size=_first(cfg, ("image_size",), where, 336),
-        projector_hidden_size=_first(cfg, ("projector_hidden_size",), where, text_hidden),
-        spatial_merge=_first(cfg, ("spatial_merge_size",), where, 1),
+        projector_hidden_size=_first(cfg, ("projector_hidden_size",), where,
+                                     hidden * merge**2 if merge > 1 else text_hidden),
+        spatial_merge=merge,
         temporal_patch=_first(cfg, ("temporal_patch_size",), where, 1),
-        gated_mlp=_flag(cfg.get("gated_mlp", False), "gated_mlp", where),
+        gated_mlp=_flag(cfg.get("gated_mlp", model_type in GATED_VISION_MODEL_TYPES), "gated_mlp", where),
     )
 
 
@@ -199,7 +218,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         _positive_int(head_dim, "head_dim", where)
     vision = None
     if cfg.get("vision_config") is not None:  # null: a text model (some configs write it so)
-        vision = _vision_from_config(cfg["vision_config"], hidden, origin)
+        vision = _vision_from_config(cfg["vision_config"], hidden, origin, cfg.get("model_type"))
     return Architecture(
         name=name,
         hidden_size=hidden,

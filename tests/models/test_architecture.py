@@ -101,3 +101,34 @@ def test_linear_attention_layers_are_refused_and_sliding_ones_read():
 def test_qwen3_presets_count_the_published_sizes(preset, published_b):
     """Qwen's model cards: 0.6B, 1.7B, 4.0B, 8.2B, 14.8B and 32.8B parameters, embeddings included."""
     assert count_params(Workload(load_architecture(preset), 4096)).llm / 1e9 == pytest.approx(published_b, abs=0.05)
+
+
+# The vision_config layouts of Qwen2-VL-7B and Qwen2.5-VL-7B as their config.json files give them.
+QWEN2_VL_VISION = {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "hidden_act": "quick_gelu", "mlp_ratio": 4,
+                   "num_heads": 16, "in_chans": 3, "patch_size": 14, "spatial_merge_size": 2,
+                   "temporal_patch_size": 2}
+QWEN2_5_VL_VISION = {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                     "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
+                     "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112}
+QWEN2_7B_TEXT = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                 "intermediate_size": 18944, "vocab_size": 152064}
+
+
+def test_qwen2_vl_s_tower_is_embed_dim_wide_with_a_plain_mlp_and_a_merged_width_projector():
+    v = architecture_from_config({**QWEN2_7B_TEXT, "model_type": "qwen2_vl", "vision_config": QWEN2_VL_VISION},
+                                 name="qwen2-vl-7b").vision
+    # Hugging Face's module tree: blocks of 1280 with fc1 1280 -> 5120, a merger 5120 -> 5120 -> 3584
+    assert (v.hidden_size, v.intermediate_size, v.gated_mlp, v.projector_hidden_size) == (1280, 5120, False, 5120)
+
+
+def test_qwen2_5_vl_s_tower_has_a_gated_mlp():
+    v = architecture_from_config({**QWEN2_7B_TEXT, "model_type": "qwen2_5_vl", "vision_config": QWEN2_5_VL_VISION},
+                                 name="qwen2.5-vl-7b").vision
+    # gate_proj and up_proj 1280 -> 3420, down_proj 3420 -> 1280; the merger 5120 -> 5120 -> 3584
+    assert (v.hidden_size, v.intermediate_size, v.gated_mlp, v.projector_hidden_size) == (1280, 3420, True, 5120)
+
+
+@pytest.mark.parametrize("ratio", [0, -1, "4", None, True, float("nan")])
+def test_an_mlp_ratio_that_is_not_a_positive_number_is_refused(ratio):
+    with pytest.raises(ModelConfigError, match="mlp_ratio"):
+        architecture_from_config({**QWEN2_7B_TEXT, "vision_config": {**QWEN2_VL_VISION, "mlp_ratio": ratio}}, name="m")
