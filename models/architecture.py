@@ -219,6 +219,10 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     vision = None
     if cfg.get("vision_config") is not None:  # null: a text model (some configs write it so)
         vision = _vision_from_config(cfg["vision_config"], hidden, origin, cfg.get("model_type"))
+        stated = cfg.get("mm_tokens_per_image")  # Gemma 3 pools its patches to this many
+        if stated is not None and stated != vision.llm_tokens_per_image():
+            raise ModelConfigError(f"{origin}: mm_tokens_per_image is {stated!r}, where patches merged as this model "
+                                   f"merges them give {vision.llm_tokens_per_image()}: a pooling tower is not modelled")
     return Architecture(
         name=name,
         hidden_size=hidden,

@@ -132,3 +132,14 @@ def test_qwen2_5_vl_s_tower_has_a_gated_mlp():
 def test_an_mlp_ratio_that_is_not_a_positive_number_is_refused(ratio):
     with pytest.raises(ModelConfigError, match="mlp_ratio"):
         architecture_from_config({**QWEN2_7B_TEXT, "vision_config": {**QWEN2_VL_VISION, "mlp_ratio": ratio}}, name="m")
+
+
+def test_a_tower_that_pools_its_patches_to_fewer_tokens_is_refused():
+    """Gemma 3 averages a 64x64 patch grid down to 256 tokens; counted as this model merges, 4096."""
+    siglip = {"hidden_size": 1152, "num_hidden_layers": 27, "num_attention_heads": 16, "intermediate_size": 4304,
+              "patch_size": 14, "image_size": 896}
+    cfg = {"model_type": "gemma3", "mm_tokens_per_image": 256, "text_config": {**QWEN3_4B, "head_dim": 256},
+           "vision_config": siglip}
+    with pytest.raises(ModelConfigError, match="mm_tokens_per_image is 256.*give 4096"):
+        architecture_from_config(cfg, name="m")
+    assert architecture_from_config({**cfg, "mm_tokens_per_image": 4096}, name="m").vision.patches_per_image() == 4096
