@@ -143,3 +143,12 @@ def test_a_tower_that_pools_its_patches_to_fewer_tokens_is_refused():
     with pytest.raises(ModelConfigError, match="mm_tokens_per_image is 256.*give 4096"):
         architecture_from_config(cfg, name="m")
     assert architecture_from_config({**cfg, "mm_tokens_per_image": 4096}, name="m").vision.patches_per_image() == 4096
+
+
+def test_qwen2_vl_7b_counts_its_published_size():
+    """Hugging Face lists Qwen2-VL-7B at 8.29B parameters; read at its merger's width, the tower alone
+    came to several billion."""
+    a = architecture_from_config({**QWEN2_7B_TEXT, "model_type": "qwen2_vl", "vision_config": QWEN2_VL_VISION},
+                                 name="qwen2-vl-7b")
+    c = count_params(Workload(a, 8192, images=1))
+    assert (c.llm + c.vision_encoder + c.projector) / 1e9 == pytest.approx(8.29, abs=0.01)
