@@ -189,7 +189,8 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     where = f"{origin} text_config" if "text_config" in cfg else origin
     if not isinstance(text, dict):
         raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
-    other = sorted({text.get("model_type"), cfg.get("model_type")} & OTHER_BLOCK_MODEL_TYPES)
+    outer_type = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None
+    other = sorted({t for t in (text.get("model_type"), outer_type) if isinstance(t, str)} & OTHER_BLOCK_MODEL_TYPES)
     if other:
         raise ModelConfigError(f"{where}: model_type '{other[0]}' has a decoder block other than LLaMA's; "
                                "only LLaMA-style decoders are modelled")
@@ -204,11 +205,14 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     if experts is not None:
         raise ModelConfigError(f"{where}: a mixture-of-experts model ({experts} experts) is not modelled; "
                                "only dense decoders are")
-    other_layers = sorted(set(text.get("layer_types") or ()) - ATTENTION_LAYER_TYPES) if isinstance(
-        text.get("layer_types"), list) else []
-    if other_layers:
-        raise ModelConfigError(f"{where}: layers of type {', '.join(map(str, other_layers))} are not modelled; "
-                               "only softmax attention layers are")
+    layer_types = text.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list):
+            raise ModelConfigError(f"{where}: key 'layer_types' must be a list, got {layer_types!r}")
+        other_layers = [t for t in layer_types if not (isinstance(t, str) and t in ATTENTION_LAYER_TYPES)]
+        if other_layers:
+            raise ModelConfigError(f"{where}: layers of type {other_layers[0]!r} are not modelled; "
+                                   "only softmax attention layers are")
     head_dim = text.get("head_dim")
     if head_dim is None:
         if hidden % heads:
@@ -218,7 +222,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         _positive_int(head_dim, "head_dim", where)
     vision = None
     if cfg.get("vision_config") is not None:  # null: a text model (some configs write it so)
-        vision = _vision_from_config(cfg["vision_config"], hidden, origin, cfg.get("model_type"))
+        vision = _vision_from_config(cfg["vision_config"], hidden, origin, outer_type)
         stated = cfg.get("mm_tokens_per_image")  # Gemma 3 pools its patches to this many
         if stated is not None and stated != vision.llm_tokens_per_image():
             raise ModelConfigError(f"{origin}: mm_tokens_per_image is {stated!r}, where patches merged as this model "

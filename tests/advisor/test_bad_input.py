@@ -197,9 +197,13 @@ def test_an_impossible_profile_constant_is_named(tmp_path_factory, name, value):
 
 
 CONFIG_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-               "vocab_size", "tie_word_embeddings", "vision_config", "text_config", "patch_size", "image_size"]
+               "vocab_size", "tie_word_embeddings", "vision_config", "text_config", "patch_size", "image_size",
+               "head_dim", "model_type", "layer_types", "num_local_experts", "embed_dim", "mlp_ratio",
+               "spatial_merge_size", "mm_tokens_per_image"]
 CONFIG_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(-2, 1e6),
-                         st.sampled_from(["", "2"]), st.lists(st.integers(0, 5), max_size=2))
+                         st.sampled_from(["", "2", "phi", "full_attention", "linear_attention"]),
+                         st.lists(st.one_of(st.integers(0, 5), st.sampled_from(["full_attention", "x"]),
+                                            st.lists(st.integers(0, 1), max_size=1)), max_size=2))
 SMALL_CONFIG = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "intermediate_size": 512, "vocab_size": 1000}
 

@@ -90,7 +90,7 @@ def test_a_null_kv_head_count_means_one_per_head():
 
 def test_linear_attention_layers_are_refused_and_sliding_ones_read():
     hybrid = {**QWEN3_4B, "layer_types": ["linear_attention", "linear_attention", "full_attention"] * 12}
-    with pytest.raises(ModelConfigError, match="linear_attention are not modelled"):
+    with pytest.raises(ModelConfigError, match="linear_attention' are not modelled"):
         architecture_from_config(hybrid, name="m")
     sliding = {**QWEN3_4B, "layer_types": ["sliding_attention", "full_attention"] * 18}
     assert architecture_from_config(sliding, name="m").num_layers == 36
