@@ -85,11 +85,13 @@ class Architecture:
     vocab_size: int
     tie_embeddings: bool = False
     vision: VisionEncoder | None = None
-    head_dim: int | None = None  # None: hidden_size / num_heads, as LLaMA and Qwen2 have it
+    # A config's head_dim where it is not hidden_size / num_heads (None: it is, as LLaMA and Qwen2 have
+    # it); kept apart from `head_dim` so that a copy with other widths derives its heads again.
+    config_head_dim: int | None = None
 
-    def __post_init__(self):
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+    @property
+    def head_dim(self) -> int:
+        return self.config_head_dim or self.hidden_size // self.num_heads
 
     @property
     def attention_dim(self) -> int:
@@ -238,7 +240,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         tie_embeddings=_flag(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)),
                              "tie_word_embeddings", where),
         vision=vision,
-        head_dim=head_dim,
+        config_head_dim=None if head_dim is None or head_dim * heads == hidden else head_dim,
     )
 
 
