@@ -42,21 +42,25 @@ def _parameter_rows(model) -> list[dict]:
              "informed": f.informed} for f in model.parameters_.values()]
 
 
-def _format_parameters(rows: list[dict], fragmentation: dict, collective_pool: tuple[float, int] | None,
-                       host_process_gib: float | None) -> str:
+def _format_parameters(rows: list[dict], model) -> str:
+    """The fitted constants, then the pool's figures and the host's, of a fitted `ProfileFit`."""
     lines = [f"{'constant':<44}{'start':>11}{'fitted':>11}{'+-':>10}  note"]
     for r in rows:
         std = "-" if r["std"] is None else f"{r['std']:.3g}"
         note = f"fitted to {r['fitted_to']}" if r["informed"] else "kept: no run responds to it"
         lines.append(f"{r['name']:<44}{r['start']:>11.4g}{r['value']:>11.4g}{std:>10}  {note}")
-    for name, (value, count) in (fragmentation or {}).items():
+    if model.offload_start_pool_ is not None:
+        value, count = model.offload_start_pool_
+        lines.append(f"{'memory.offload_start_pool':<44}{'':>11}{value:>11.4g}{'-':>10}  x bf16 parameters "
+                     f"({count} ZeRO-1/2 offload runs)")
+    for name, (value, count) in (model.fragmentation_ or {}).items():
         lines.append(f"{name:<44}{'':>11}{value:>11.4g}{'-':>10}  median reserved/allocated - 1 ({count} runs)")
-    if collective_pool is not None:
-        value, count = collective_pool
+    if model.collective_pool_ is not None:
+        value, count = model.collective_pool_
         lines.append(f"{'memory.collective_pool':<44}{'':>11}{value:>11.4g}{'-':>10}  median GiB beyond the share "
                      f"({count} runs on more than one GPU)")
-    if host_process_gib is not None:
-        lines.append(f"{'memory.host_process_per_rank':<44}{'':>11}{host_process_gib:>11.4g}{'-':>10}  "
+    if model.host_process_ is not None:
+        lines.append(f"{'memory.host_process_per_rank':<44}{'':>11}{model.host_process_:>11.4g}{'-':>10}  "
                      "median host GiB per rank, runs without offload")
     return "\n".join(lines)
 
@@ -116,6 +120,7 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
             "cross_validation": {str(k): v for k, v in done.cv_scores.items()}, "parameters": rows,
             "fragmentation": {k: v for k, (v, _) in (model.fragmentation_ or {}).items()},
             "collective_pool_gib": model.collective_pool_[0] if model.collective_pool_ else None,
+            "offload_start_pool": model.offload_start_pool_[0] if model.offload_start_pool_ else None,
             "host_process_per_rank_gib": model.host_process_,
             # the held-out report under its own name: leave-one-out's, or k-fold's (its mode says which)
             ("held_out" if folds else "leave_one_out"): report.to_dict() if report else None,
@@ -129,7 +134,7 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
                    + f"; chose {done.prior_strength:g}")
     for line in run_set.skipped:
         click.echo(f"  unusable: {line}")
-    click.echo(_format_parameters(rows, model.fragmentation_, model.collective_pool_, model.host_process_))
+    click.echo(_format_parameters(rows, model))
     if report:
         click.echo("")
         click.echo(format_report(report))

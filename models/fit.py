@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, minimize_scalar
 
 from models.energy import PHASE_POWER
-from models.memory import FRAGMENTATION_FIELDS, fragmentation_index, fragmentation_shares
+from models.memory import (FRAGMENTATION_FIELDS, fragmentation_index, fragmentation_shares, start_pool_base_bytes,
+                           start_pool_ratio)
+from models.params import count_params
 from models.predict import predict_batch
 from models.profile import FitRecord, HardwareProfile, Quantity
 from models.strategy import Strategy, StrategyBatch
@@ -157,20 +159,30 @@ def fragmentation_kind(run: MeasuredRun) -> int:
     return int(fragmentation_index(run.strategy.offload_optimizer != "none", run.strategy.checkpoint_every > 0))
 
 
-def pool_beyond_share_gib(run: MeasuredRun, shares: np.ndarray) -> float:
-    """What a run's pool held beyond its allocated peak x (1 + its kind's share), GiB; `shares` in
-    FRAGMENTATION_FIELDS' order (`models.memory.fragmentation_shares`)."""
-    return run.peak_gpu_reserved_gib - run.peak_gpu_mem_gib * (1.0 + shares[fragmentation_kind(run)])
+def start_pool_base_gib(run: MeasuredRun) -> float:
+    """What `memory.offload_start_pool` multiplies for this run (`models.memory.start_pool_base_bytes`), GiB."""
+    s = run.strategy
+    trainable = count_params(run.workload).trainable
+    return float(start_pool_base_bytes(s.zero_stage, s.offload_optimizer != "none", trainable)) / 2**30
+
+
+def pool_beyond_share_gib(run: MeasuredRun, shares: np.ndarray, start_ratio: float = 0.0) -> float:
+    """What a run's pool held beyond its allocated peak x (1 + its kind's share) and its start-up's
+    blocks (`start_ratio` x `start_pool_base_gib`), GiB; `shares` in FRAGMENTATION_FIELDS' order
+    (`models.memory.fragmentation_shares`)."""
+    return (run.peak_gpu_reserved_gib - run.peak_gpu_mem_gib * (1.0 + shares[fragmentation_kind(run)])
+            - start_ratio * start_pool_base_gib(run))
 
 
 def with_memory_nodes(profile: HardwareProfile, values: dict[str, float]) -> HardwareProfile:
     """`profile` with a node for each memory figure in `values` it lacks (a share or the collective
     pool a profile may go without), so that `with_values` can set it."""
     memory = profile.memory
-    for field in (*FRAGMENTATION_FIELDS, "collective_pool"):
+    absent = {"collective_pool": Quantity(value=0.0, unit="GiB", source="absent"),
+              "offload_start_pool": Quantity(value=0.0, unit="ratio", source="absent")}
+    for field in (*FRAGMENTATION_FIELDS, *absent):
         if getattr(memory, field) is None and f"memory.{field}" in values:
-            node = (Quantity(value=0.0, unit="GiB", source="absent") if field == "collective_pool"
-                    else memory.fragmentation)
+            node = absent.get(field, memory.fragmentation)
             memory = memory.model_copy(update={field: node})
     return profile.model_copy(update={"memory": memory})
 
@@ -181,40 +193,83 @@ def runs_with_pool(runs: list[MeasuredRun]) -> list[MeasuredRun]:
     return [r for r in runs if r.peak_gpu_reserved_gib and r.peak_gpu_mem_gib and r.peak_gpu_mem_gib > 0]
 
 
-def fragmentation_of(runs: list[MeasuredRun]) -> dict[str, tuple[float, int]]:
-    """Caching-allocator overhead, median of reserved / allocated - 1 over runs that measured
-    both, apart for each kind of step (`FRAGMENTATION_FIELDS`: optimizer offload and checkpointing,
-    each with and without the other): {profile path: (value, runs)}. Multi-GPU runs count here too: taking the
-    shares from one-GPU runs alone lowered the checkpointed one below what a capped one-GPU step
-    was measured to need (benchmarks/memory_accuracy.py --need)."""
+def fragmentation_of(runs: list[MeasuredRun], start_ratio: float = 0.0) -> dict[str, tuple[float, int]]:
+    """Caching-allocator overhead, median of (reserved - the start-up's blocks) / allocated - 1 over
+    runs that measured both, apart for each kind of step (`FRAGMENTATION_FIELDS`: optimizer offload and
+    checkpointing, each with and without the other): {profile path: (value, runs)}. Multi-GPU runs count
+    here too: taking the shares from one-GPU runs alone lowered the checkpointed one below what a
+    capped one-GPU step was measured to need (benchmarks/memory_accuracy.py --need)."""
     ratios: dict[str, list[float]] = {}
     for r in runs_with_pool(runs):
         field = f"memory.{list(FRAGMENTATION_FIELDS)[fragmentation_kind(r)]}"
-        ratios.setdefault(field, []).append(r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib)
+        kept = r.peak_gpu_reserved_gib - start_ratio * start_pool_base_gib(r)
+        ratios.setdefault(field, []).append(kept / r.peak_gpu_mem_gib)
     return {name: (float(np.clip(np.median(v) - 1.0, 0.0, 1.0)), len(v)) for name, v in ratios.items()}
 
 
 def collective_pool_of(runs: list[MeasuredRun], fragmentation: dict[str, tuple[float, int]],
-                       base: HardwareProfile) -> tuple[float, int] | None:
-    """What the pool of a step whose ranks exchange data holds beyond its fragmentation share:
-    median over runs on more than one GPU of reserved - allocated x (1 + share), GiB, not below 0;
-    (value, runs), None without such runs. A share these runs fitted none of is `base`'s."""
+                       base: HardwareProfile, start_ratio: float = 0.0) -> tuple[float, int] | None:
+    """What the pool of a step whose ranks exchange data holds beyond its fragmentation share and its
+    start-up's blocks: median over runs on more than one GPU, GiB, not below 0; (value, runs), None
+    without such runs. A share these runs fitted none of is `base`'s."""
     shares = fragmentation_shares(base.memory)
     for i, field in enumerate(FRAGMENTATION_FIELDS):
         shares[i] = fragmentation.get(f"memory.{field}", (shares[i],))[0]
-    extra = [pool_beyond_share_gib(r, shares) for r in runs_with_pool(runs) if r.strategy.gpus > 1]
+    extra = [pool_beyond_share_gib(r, shares, start_ratio) for r in runs_with_pool(runs) if r.strategy.gpus > 1]
     return (max(float(np.median(extra)), 0.0), len(extra)) if extra else None
 
 
-def with_pool_of(profile: HardwareProfile, runs: list[MeasuredRun]) -> HardwareProfile:
-    """`profile` with the pool's figures (fragmentation shares, collective pool) as `runs` give them,
-    as a fit sets them; the rest of `profile` as it is. For checking those figures on runs held out."""
-    fragmentation = fragmentation_of(runs)
-    values = {name: value for name, (value, _) in fragmentation.items()}
-    pool = collective_pool_of(runs, fragmentation, profile)
+# The start-up's blocks are searched as a multiple of the bf16 parameters up to this: traced, DeepSpeed's
+# start-up left about twice them free, and a step can only add to what it reuses of them.
+START_POOL_SEARCH_MAX = 4.0
+
+
+def offload_start_pool_of(runs: list[MeasuredRun], base: HardwareProfile) -> tuple[float, int] | None:
+    """`memory.offload_start_pool`, the multiple of the bf16 parameters a ZeRO-1/2 offload step's pool
+    holds beyond its share: the one whose pool, with every share and the collective pool refitted
+    beside it, misses those runs' measured pools least (mean relative error); (value, runs), None
+    with fewer than three such runs."""
+    pooled = runs_with_pool(runs)
+    offload = [r for r in pooled if start_pool_base_gib(r) > 0]
+    if len(offload) < 3:
+        return None
+    measured = np.array([r.peak_gpu_reserved_gib for r in offload])
+
+    def miss(ratio: float) -> float:
+        fitted = with_pool_figures(base, pooled, ratio)
+        shares, collective = fragmentation_shares(fitted.memory), fitted.memory.collective_pool
+        beyond = np.array([pool_beyond_share_gib(r, shares, ratio) for r in offload])
+        several = np.array([r.strategy.gpus > 1 for r in offload])
+        predicted = measured - beyond + np.where(several, collective.value if collective is not None else 0.0, 0.0)
+        return float(np.mean(np.abs(predicted / measured - 1.0)))
+
+    best = minimize_scalar(miss, bounds=(0.0, START_POOL_SEARCH_MAX), method="bounded")
+    return float(best.x), len(offload)
+
+
+def pool_figures(runs: list[MeasuredRun], base: HardwareProfile, start_ratio: float) -> dict[str, tuple[float, int]]:
+    """Every pool figure `runs` give at a start-up multiple: {profile path: (value, runs)}."""
+    fragmentation = fragmentation_of(runs, start_ratio)
+    figures = dict(fragmentation)
+    pool = collective_pool_of(runs, fragmentation, base, start_ratio)
     if pool is not None:
-        values["memory.collective_pool"] = pool[0]
+        figures["memory.collective_pool"] = pool
+    return figures
+
+
+def with_pool_figures(profile: HardwareProfile, runs: list[MeasuredRun], start_ratio: float) -> HardwareProfile:
+    """`profile` with the shares and the collective pool `runs` give at the start-up multiple `start_ratio`."""
+    values = {name: value for name, (value, _) in pool_figures(runs, profile, start_ratio).items()}
+    values["memory.offload_start_pool"] = start_ratio
     return with_values(with_memory_nodes(profile, values), values)
+
+
+def with_pool_of(profile: HardwareProfile, runs: list[MeasuredRun]) -> HardwareProfile:
+    """`profile` with the pool's figures (start-up blocks, fragmentation shares, collective pool) as
+    `runs` give them, as a fit sets them; the rest of `profile` as it is. For checking those figures
+    on runs held out."""
+    start = offload_start_pool_of(runs, profile)
+    return with_pool_figures(profile, runs, start[0] if start is not None else start_pool_ratio(profile.memory))
 
 
 @dataclass(frozen=True)
@@ -362,8 +417,12 @@ class ProfileFit:
             fitted.update(self._fit_stage(stage, values, base_profile, residuals, start, warm_start or {}, informed))
             values.update({name: f.value for name, f in fitted.items()})
 
-        self.fragmentation_ = fragmentation_of(runs) if self.fit_memory else None
-        self.collective_pool_ = collective_pool_of(runs, self.fragmentation_, base_profile) if self.fit_memory else None
+        self.offload_start_pool_ = offload_start_pool_of(runs, base_profile) if self.fit_memory else None
+        start_ratio = (self.offload_start_pool_[0] if self.offload_start_pool_ is not None
+                       else start_pool_ratio(base_profile.memory))
+        self.fragmentation_ = fragmentation_of(runs, start_ratio) if self.fit_memory else None
+        self.collective_pool_ = (collective_pool_of(runs, self.fragmentation_, base_profile, start_ratio)
+                                 if self.fit_memory else None)
         self.host_process_ = self._host_process(runs) if self.fit_memory else None
         self.parameters_ = fitted
         self.values_ = {name: f.value for name, f in fitted.items() if f.informed}
@@ -436,14 +495,20 @@ class ProfileFit:
         for name, (value, count) in (self.fragmentation_ or {}).items():
             values[name] = value
             runs_of_kind = FRAGMENTATION_FIELDS[name.removeprefix("memory.")]
-            how[name] = (f"{value:.4g}, median over {count} {runs_of_kind} of torch max_memory_reserved / "
-                         "max_memory_allocated - 1")
+            how[name] = (f"{value:.4g}, median over {count} {runs_of_kind} of torch (max_memory_reserved - "
+                         "the start-up's blocks) / max_memory_allocated - 1")
+        if self.offload_start_pool_ is not None:
+            value, count = self.offload_start_pool_
+            values["memory.offload_start_pool"] = value
+            how["memory.offload_start_pool"] = (
+                f"{value:.4g} x the bf16 trainable parameters, the multiple whose pool misses the {count} measured "
+                "ZeRO-1/2 optimizer-offload runs' torch max_memory_reserved least, the shares refitted beside it")
         if self.collective_pool_ is not None:
             value, count = self.collective_pool_
             values["memory.collective_pool"] = value
             how["memory.collective_pool"] = (
                 f"{value:.4g} GiB, median over {count} measured runs on more than one GPU of torch "
-                "max_memory_reserved - max_memory_allocated x (1 + their fragmentation share)")
+                "max_memory_reserved - max_memory_allocated x (1 + their fragmentation share) - the start-up's blocks")
         base = with_memory_nodes(base, values)
         if self.host_process_ is not None:
             values["memory.host_process_per_rank"] = self.host_process_

@@ -108,6 +108,20 @@ def fragmentation_index(offloads_optimizer, checkpointed) -> np.ndarray:
     return np.select([offloads_optimizer & checkpointed, offloads_optimizer, checkpointed], [0, 1, 2], 3)
 
 
+def start_pool_base_bytes(zero_stage, offloads_optimizer, trainable_params) -> np.ndarray:
+    """What `memory.offload_start_pool` multiplies: a ZeRO-1/2 optimizer-offload step's bf16 trainable
+    parameters (each rank flattens them all at start-up), 0 for any other step. Traced on H200
+    (2026-12-04, BW): DeepSpeed's start-up left about twice them cached in the pool, and a step whose
+    activations are small does not fill those blocks, so its pool is not a share of its peak."""
+    z12_offload = np.isin(zero_stage, (1, 2)) & np.asarray(offloads_optimizer, dtype=bool)
+    return np.where(z12_offload, BF16 * float(trainable_params), 0.0)
+
+
+def start_pool_ratio(mem) -> float:
+    """A profile's `memory.offload_start_pool`; 0 for a profile fitted before it existed."""
+    return mem.offload_start_pool.value if mem.offload_start_pool is not None else 0.0
+
+
 def fragmentation_shares(mem) -> np.ndarray:
     """A profile's `memory` shares in FRAGMENTATION_FIELDS' order; an absent one takes its
     FRAGMENTATION_FALLBACK, else `fragmentation`."""
@@ -144,7 +158,7 @@ class MemoryEstimate:
     activations_gpu_bytes: np.ndarray  # activations and loss buffers at the loss (the forward's peak)
     moment_gpu_bytes: dict[str, np.ndarray]  # what is allocated at each moment of `MOMENTS`
     allocated_gpu_bytes: np.ndarray  # the largest of them: what torch.cuda.max_memory_allocated would show
-    reserved_gpu_bytes: np.ndarray  # allocated x (1 + fragmentation) (+ collective_pool): torch.cuda.max_memory_reserved
+    reserved_gpu_bytes: np.ndarray  # allocated x (1 + fragmentation) (+ start pool, collective_pool): max_memory_reserved
     peak_gpu_bytes: np.ndarray  # reserved + memory outside torch's pool: what must fit on the GPU
     host_bytes_per_rank: np.ndarray
     host_bytes_per_node: np.ndarray
@@ -361,7 +375,9 @@ def estimate(workload: Workload, counts: ParamCounts, work: MicroStepWork, b: St
     mem = profile.memory
     shares = fragmentation_shares(mem)
     collective = mem.collective_pool.value * GIB if mem.collective_pool is not None else 0.0
-    reserved = allocated * (1.0 + shares[fragmentation_index(opt_off, n_ck > 0)]) + np.where(n > 1, collective, 0.0)
+    start_pool = start_pool_ratio(mem) * start_pool_base_bytes(stage, opt_off, p)
+    reserved = (allocated * (1.0 + shares[fragmentation_index(opt_off, n_ck > 0)]) + start_pool
+                + np.where(n > 1, collective, 0.0))
     peak = reserved + mem.framework_reserved.value * GIB
     ckpt_host = on_host * pinned_bytes(t * ckpt) + vision_host
     host_rank = states.host_bytes_per_rank + ckpt_host + profile.memory.host_process_per_rank.value * GIB

@@ -452,6 +452,10 @@ class MemorySpec(_Strict):
     checkpointing (58 runs), 16% with offload alone (10), 20% checkpointed without offload (132) and
     16% with neither (115). None takes `fragmentation` (`fragmentation_offload_checkpointed`:
     `fragmentation_offload` first, the one offload figure of profiles fitted before the split).
+    `offload_start_pool` is what a ZeRO-1/2 step with optimizer offload holds beyond its share, as a
+    multiple of its bf16 trainable parameters: the blocks DeepSpeed's start-up leaves cached when it
+    flattens them (traced at about twice them free before the first step; a step reuses part), which
+    a step with small activations does not fill (None: nothing, as profiles fitted before it).
     `collective_pool` is what the pool holds beyond those shares in a step whose ranks exchange data
     (more than one GPU), in GiB, not a share: the 35 fitted runs on 2 and 4 GPUs held a median 2.54
     GiB more, across ZeRO stages and dp/sp splits, where one-GPU steps on the same hosts held none (why
@@ -464,6 +468,7 @@ class MemorySpec(_Strict):
     fragmentation_checkpointed: Fraction | None = None
     fragmentation_offload: Fraction | None = None
     fragmentation_offload_checkpointed: Fraction | None = None
+    offload_start_pool: Ratio | None = None
     collective_pool: GiB | None = None
     host_process_per_rank: GiB = Quantity(
         value=0.0, unit="GiB", source="not measured: fitted from real runs' host memory (neutral value)")
@@ -575,7 +580,8 @@ class HardwareProfile(_Strict):
 
 
 # Quantities whose zero means "absent" (said in their docstrings) although their unit is not a time.
-_MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank", "memory.collective_pool"} | {
+_MAY_BE_ZERO = {"memory.framework_reserved", "memory.host_process_per_rank", "memory.collective_pool",
+                "memory.offload_start_pool"} | {
     f"gpu.{block}.{width}" for block in ("layer_elementwise", "vision_elementwise")
     for width in ("per_hidden", "per_kv", "per_ffn")}  # a width that moves no bytes of its own
 # Fractions that are shares of a whole (the slowdowns and efficiencies may exceed 1: a collective

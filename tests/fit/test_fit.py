@@ -17,6 +17,8 @@ from models.fit import (
     default_parameters,
     fitted_run_ids,
     fragmentation_of,
+    offload_start_pool_of,
+    start_pool_base_gib,
     get_value,
     with_pool_of,
     with_values,
@@ -116,6 +118,39 @@ def test_the_reserved_pool_is_fitted_by_offload_and_checkpointing_then_collectiv
     assert held_out.memory.collective_pool.value == pytest.approx(3.0)
     assert held_out.memory.fragmentation_offload_checkpointed.value == pytest.approx(0.40)
     assert held_out.memory.fragmentation.value == pytest.approx(0.10)
+
+
+def test_the_blocks_a_zero12_offload_start_up_leaves_are_fitted_as_a_multiple_of_its_parameters(all_runs, base):
+    """A ZeRO-1/2 optimizer-offload step's pool holds 0.6 x its bf16 parameters beyond its share (traced:
+    DeepSpeed's start-up leaves them cached); the fit finds the multiple and the shares beside it, and
+    a share alone, which grows with the step's allocations, cannot follow it."""
+    excess = {(True, True): 0.20, (True, False): 0.10, (False, True): 0.25, (False, False): 0.10}
+
+    def reserved(r: MeasuredRun) -> float:
+        share = excess[(r.strategy.offload_optimizer != "none", r.strategy.checkpoint_every > 0)]
+        return (r.peak_gpu_mem_gib * (1.0 + share) + 0.6 * start_pool_base_gib(r)
+                + (3.0 if r.strategy.gpus > 1 else 0.0))
+
+    runs = [dataclasses.replace(r, peak_gpu_reserved_gib=reserved(r)) for r in all_runs]
+    offload = [r for r in runs if start_pool_base_gib(r) > 0]
+    assert len(offload) >= 3 and len({round(r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib, 3) for r in offload}) > 3
+    value, count = offload_start_pool_of(runs, base)
+    assert value == pytest.approx(0.6, abs=0.01) and count == len(offload)
+    fitted = with_pool_of(base, runs)
+    assert fitted.memory.offload_start_pool.value == pytest.approx(0.6, abs=0.01)
+    assert fitted.memory.fragmentation_offload_checkpointed.value == pytest.approx(0.20, abs=0.01)
+    assert fitted.memory.collective_pool.value == pytest.approx(3.0, abs=0.05)
+    model = ProfileFit(parameters=(FitParameter("overheads.step", 0.0, 5.0, 0.05, "time"),)).fit(runs, base)
+    assert model.profile_.memory.offload_start_pool.value == pytest.approx(0.6, abs=0.01)
+    assert model.profile_.memory.offload_start_pool.source.startswith("fitted:")
+    evaluated = RunEvaluator(offload)(model.profile_)
+    measured = np.array([r.peak_gpu_reserved_gib for r in offload])
+    assert np.max(np.abs(evaluated.reserved_gpu_mem_gib / measured - 1)) < 0.02
+
+
+def test_without_zero12_offload_runs_no_start_up_multiple_is_fitted(all_runs, base):
+    others = [r for r in all_runs if start_pool_base_gib(r) == 0 and r.peak_gpu_reserved_gib]
+    assert offload_start_pool_of(others, base) is None
 
 
 def test_constants_no_run_informs_are_kept(specs, base):

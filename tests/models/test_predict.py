@@ -13,6 +13,7 @@ from cost_model_helpers import profile_with, random_batch
 from models.architecture import load_architecture
 from models.host_memory import pinned_bytes
 from models.layout import SUB_GROUP_SIZE
+from models.params import count_params
 from models.predict import BatchPrediction, Prediction, predict, predict_batch, static_mask
 from models.strategy import Strategy, StrategyBatch, static_reasons
 from models.timing import PHASES
@@ -93,6 +94,24 @@ def test_a_step_whose_ranks_communicate_pools_the_collective_figure_on_top_of_it
         assert pooled.reserved_gpu_mem_gib == pytest.approx(bare.reserved_gpu_mem_gib + extra_gib)
         assert pooled.peak_gpu_mem_gib - pooled.reserved_gpu_mem_gib == pytest.approx(
             bare.peak_gpu_mem_gib - bare.reserved_gpu_mem_gib)  # the framework's reserve, as before
+
+
+def test_a_zero12_offload_step_pools_its_start_up_blocks_beyond_its_share():
+    """memory.offload_start_pool x the bf16 trainable parameters, for ZeRO-1/2 with optimizer offload only
+    (each rank flattens all its parameters at start-up); absent, nothing."""
+    w = Workload(load_architecture("qwen2.5-3b"), 8192)
+    shares = {"memory.fragmentation": 0.1, "memory.fragmentation_checkpointed": 0.1,
+              "memory.fragmentation_offload": 0.1, "memory.fragmentation_offload_checkpointed": 0.1,
+              "memory.collective_pool": 0.0}
+    pooled = profile_with({**shares, "memory.offload_start_pool": 0.5})
+    bare = pooled.model_copy(update={"memory": pooled.memory.model_copy(update={"offload_start_pool": None})})
+    bf16_gib = 2 * count_params(w).trainable / 2**30
+    for stage, offload, extra_gib in ((2, "cpu", 0.5 * bf16_gib), (1, "cpu", 0.5 * bf16_gib), (3, "cpu", 0.0),
+                                      (2, "none", 0.0)):
+        s = Strategy(gpus=1, gpus_per_node=1, zero_stage=stage, offload_optimizer=offload, checkpoint_every=1)
+        with_start, without = predict(w, s, pooled), predict(w, s, bare)
+        assert without.reserved_gpu_mem_gib == pytest.approx(1.1 * without.allocated_gpu_mem_gib)
+        assert with_start.reserved_gpu_mem_gib == pytest.approx(without.reserved_gpu_mem_gib + extra_gib)
 
 
 def test_host_memory_and_node_size_reasons():
