@@ -17,7 +17,7 @@ band of all runs.
 Torch's pool (max_memory_reserved) has a band of its own, of all runs that measured it with the
 default allocator: the pool depends on the allocator's blocks, not on the host, so it has no regimes.
 It says how far a step's pool may reach beyond the prediction (on H200, each run held out by fold,
-90% of the pools came to 0.90-1.19 times the predicted): past the GPU's memory torch frees its cache
+90% of the pools came to 0.90-1.17 times the predicted): past the GPU's memory torch frees its cache
 and retries, slower, or runs out.
 
 A band belongs to one profile: it records the profile's content hash, and one fitted to another

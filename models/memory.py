@@ -93,6 +93,8 @@ MOMENTS = ("loss", "head", "layer", "reduce", "second_reduce", "end", "step")
 # kept the blocks DeepSpeed's initialisation left cached (about twice the bf16 parameters) beside
 # logits-sized blocks its loss could not fit into them, 1.57-1.64x its small allocated peak; an
 # offload step that keeps its activations filled those blocks, 1.11-1.15x (BW, BX), as steps without offload.
+# Since 2026-12-05 a ZeRO-1/2 offload step's start-up blocks are a term of their own
+# (`start_pool_base_bytes`), a multiple of its parameters, and the shares are what is left.
 FRAGMENTATION_FIELDS = {
     "fragmentation_offload_checkpointed": "checkpointed measured runs with optimizer offload",
     "fragmentation_offload": "non-checkpointed measured runs with optimizer offload",

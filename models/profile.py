@@ -448,14 +448,16 @@ class MemorySpec(_Strict):
     `fragmentation_offload_checkpointed`. The last holds the most: traced on H200, ZeRO-1/2's
     initialisation leaves about twice the bf16 parameters cached, which a checkpointed offload
     step's small activations do not fill, and its loss and fp64 norm casts take blocks beside it. On
-    H200 (315 fitted runs) the pool sat at the median 37% above the peak allocation with offload and
-    checkpointing (58 runs), 16% with offload alone (10), 20% checkpointed without offload (132) and
-    16% with neither (115). None takes `fragmentation` (`fragmentation_offload_checkpointed`:
-    `fragmentation_offload` first, the one offload figure of profiles fitted before the split).
+    H200 (316 fitted runs, ZeRO-1/2 offload's start-up blocks taken out first) the pool sat at the
+    median 31% above the peak allocation with offload and checkpointing (58 runs), 8% with offload
+    alone (10), 20% checkpointed without offload (132) and 15% with neither (116). None takes
+    `fragmentation` (`fragmentation_offload_checkpointed`: `fragmentation_offload` first, the one
+    offload figure of profiles fitted before the split).
     `offload_start_pool` is what a ZeRO-1/2 step with optimizer offload holds beyond its share, as a
     multiple of its bf16 trainable parameters: the blocks DeepSpeed's start-up leaves cached when it
     flattens them (traced at about twice them free before the first step; a step reuses part), which
-    a step with small activations does not fill (None: nothing, as profiles fitted before it).
+    a step with small activations does not fill: 0.645 on H200 over 33 runs (None: nothing, as
+    profiles fitted before it).
     `collective_pool` is what the pool holds beyond those shares in a step whose ranks exchange data
     (more than one GPU), in GiB, not a share: the 35 fitted runs on 2 and 4 GPUs held a median 2.54
     GiB more, across ZeRO stages and dp/sp splits, where one-GPU steps on the same hosts held none (why
