@@ -1,6 +1,6 @@
 """How well a profile predicts real runs: stored run records in, an accuracy table out.
 
-Records (from `data/runs/*.jsonl` or the SQLite store) become `models.fit.MeasuredRun`s; runs
+Records (from `data/runs/*.jsonl` or the SQLite store) become `models.measured_run.MeasuredRun`s; runs
 that failed (oom, crash, timeout) cannot be compared and are counted, not used. The table gives,
 per strategy family and overall, step-time and GPU-energy MAPE, the largest error, Spearman rank
 correlation, and allocated GPU memory against torch's max_memory_allocated (like with like: the
@@ -19,7 +19,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from models.band import regime_of
-from models.fit import MeasuredRun, RunEvaluator
+from models.fit import RunEvaluator
+from models.measured_run import MeasuredRun
 from models.held_out import HeldOutPrediction
 from models.predict import predict
 from models.profile import HardwareProfile

@@ -13,7 +13,8 @@ import numpy as np
 
 from advisor.accuracy import AccuracyReport, accuracy_report, compare_held_out, user_host_share
 from models.band import POOL_METRIC, Band
-from models.fit import MeasuredRun, ProfileFit, prefit_profile
+from models.fit import ProfileFit, prefit_profile
+from models.measured_run import MeasuredRun
 from models.profile import HardwareProfile
 from models.held_out import PRIOR_GRID, HeldOutPrediction, choose_prior_strength, k_fold, leave_one_out
 

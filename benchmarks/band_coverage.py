@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from advisor.accuracy import user_host_share  # noqa: E402
 from models.band import POOL_METRIC, Band, BandError, MetricBand, load_band  # noqa: E402
-from models.fit import MeasuredRun, fitted_run_ids  # noqa: E402
+from models.fit import fitted_run_ids  # noqa: E402
+from models.measured_run import MeasuredRun  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import HardwareProfile, ProfileError, load_profile, profile_path  # noqa: E402
 from runs.jsonl import RunFileError  # noqa: E402

@@ -41,7 +41,7 @@ from calibration.harness.memory_cap import UNCAPPED, noted_factor  # noqa: E402
 from runs.jsonl import read_records  # noqa: E402
 from runs.measured import add_runs_option, gather_records, run_files, to_measured_run  # noqa: E402
 from models import flops, memory  # noqa: E402
-from models.fit import pool_beyond_share_gib, runs_with_pool as pooled, with_pool_of  # noqa: E402
+from models.pool_fit import pool_beyond_share_gib, runs_with_pool as pooled, with_pool_of  # noqa: E402
 from models.params import count_params  # noqa: E402
 from models.predict import predict  # noqa: E402
 from models.profile import ProfileError, load_profile  # noqa: E402
@@ -119,7 +119,7 @@ def machine_of(path: str | Path) -> str:
 
 def runs_with_pool(records) -> list:
     """The records that convert to measured runs (`to_measured_run`) and measured a pool beside their
-    allocated peak (`models.fit.runs_with_pool`)."""
+    allocated peak (`models.pool_fit.runs_with_pool`)."""
     runs = []
     for record in records:
         try:
@@ -130,12 +130,14 @@ def runs_with_pool(records) -> list:
 
 
 def pool_beyond_share(paths, profile) -> dict[tuple[str, int], list[float]]:
-    """{(machine kind, GPUs): GiB each run's pool held beyond allocated x (1 + its kind's share)}."""
-    shares = memory.fragmentation_shares(profile.memory)
+    """{(machine kind, GPUs): GiB each run's pool held beyond allocated x (1 + its kind's share) and its
+    start-up's blocks}."""
+    shares, start_ratio = memory.fragmentation_shares(profile.memory), memory.start_pool_ratio(profile.memory)
     out: dict[tuple[str, int], list[float]] = {}
     for path in paths:
         for run in runs_with_pool(read_records(path)):
-            out.setdefault((machine_of(path), run.strategy.gpus), []).append(pool_beyond_share_gib(run, shares))
+            beyond = pool_beyond_share_gib(run, shares, start_ratio)
+            out.setdefault((machine_of(path), run.strategy.gpus), []).append(beyond)
     return out
 
 

@@ -11,7 +11,9 @@ from typing import Callable
 import numpy as np
 from joblib import Parallel, delayed
 
-from models.fit import MeasuredRun, ProfileFit, prefit_profile, with_values
+from models.fit import ProfileFit, prefit_profile
+from models.measured_run import MeasuredRun
+from models.profile_values import with_values
 from models.predict import predict
 from models.profile import HardwareProfile
 

@@ -1,4 +1,4 @@
-"""Measured runs as the cost model sees them: stored run records in, `models.fit.MeasuredRun`s out.
+"""Measured runs as the cost model sees them: stored run records in, `models.measured_run.MeasuredRun`s out.
 
 Runs that failed (oom, crash, timeout) cannot be compared and are counted, not used; a
 candidate measured twice counts once (the latest). This is the one place a record becomes a
@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.fit import MeasuredRun
+from models.measured_run import MeasuredRun
 from runs.jsonl import RunFileError, read_records
 from runs.record import RunRecord, RunResult, geometric_mean, probed_issue_us, probes_read_window
 from runs.store import RunStore

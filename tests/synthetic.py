@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from models.architecture import load_architecture
-from models.fit import MeasuredRun, RunEvaluator, with_values
+from models.fit import RunEvaluator
+from models.measured_run import MeasuredRun
+from models.profile_values import with_values
 from models.profile import HardwareProfile, load_profile
 from models.strategy import Strategy
 from models.workload import Workload

@@ -12,7 +12,7 @@ from advisor.accuracy import (
     format_report,
     rank_checks,
 )
-from models.fit import MeasuredRun
+from models.measured_run import MeasuredRun
 
 
 def _compared(run, time_s, energy_j, mem_gib, p_time, p_energy, p_mem):

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 from synthetic import synthetic_records, write_jsonl
 
-from models.fit import MeasuredRun
+from models.measured_run import MeasuredRun
 from runs.jsonl import RunFileError
 from runs.measured import gather_records, to_run_set
 from runs.record import RunRecord, RunResult

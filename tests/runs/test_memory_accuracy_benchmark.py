@@ -23,10 +23,12 @@ def test_each_run_shows_its_reserved_pool_against_the_predicted_pool():
     summary = next(line for line in done.stdout.splitlines() if "runs with reserved memory" in line)
     assert summary.startswith(f"{len(records)} runs with reserved memory")
     within, total = map(int, re.search(r"within 10%: (\d+)/(\d+)", summary).groups())
-    assert total == len(records) and within < total  # the offload run held 1.64 times its allocation
+    assert total == len(records) and within < total
+    # the offload run held 1.64 times its allocation: a share alone put it more than 15% under, the start-up's
+    # blocks (memory.offload_start_pool) 8% under
     offload = next(line for line in done.stdout.splitlines() if "off-opt" in line)
     measured, predicted, err, peak = (float(x) for x in offload.split()[-4:])
-    assert err < -15.0 and abs(100 * (predicted - measured) / measured - err) < 0.1
+    assert -10.0 < err < 0.0 and abs(100 * (predicted - measured) / measured - err) < 0.1
     assert peak > predicted  # the peak adds the framework's reserve to the pool
 
 
@@ -81,7 +83,8 @@ def test_the_pool_beyond_its_share_splits_by_machine_and_gpu_count():
     groups = pool_beyond_share([REPO / "data" / "runs" / "h200-x2-2026-12-01.jsonl"], load_profile("h200"))
     one, two = groups[("x2", 1)], groups[("x2", 2)]
     assert len(one) >= 5 and len(two) >= 5
-    assert sorted(one)[len(one) // 2] + 1.5 < sorted(two)[len(two) // 2]
+    # medians -0.1 and 1.3 GiB with the shipped figures (2026-12-05)
+    assert sorted(one)[len(one) // 2] + 1.0 < sorted(two)[len(two) // 2]
     done = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(REPO / "data/runs/h200-x2-*.jsonl"), "--by-gpus"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr
@@ -97,6 +100,7 @@ def test_each_models_pool_is_predicted_with_figures_taken_from_the_other_models(
     sys.path.insert(0, str(REPO / "benchmarks"))
     from memory_accuracy import held_out_by_model
 
+    from models.pool_fit import start_pool_base_gib, with_pool_of
     from models.profile import load_profile
     from runs.jsonl import read_records
     from runs.measured import to_measured_run
@@ -105,13 +109,18 @@ def test_each_models_pool_is_predicted_with_figures_taken_from_the_other_models(
     runs = [to_measured_run(r) for r in read_records(path)]
     kept = [r for r in runs if r.strategy.checkpoint_every == 0]
     assert len(runs) == 8 and len(kept) == 4 and len({r.workload.arch.name for r in runs}) == 8
-    errors = dict((label, e) for e, label in held_out_by_model([path], load_profile("h200")))
+    h200 = load_profile("h200")
+    errors = dict((label, e) for e, label in held_out_by_model([path], h200))
     assert set(errors) == {r.label for r in runs}
     for r in kept:
-        share = statistics.median(o.peak_gpu_reserved_gib / o.peak_gpu_mem_gib - 1 for o in kept if o is not r)
-        own = r.peak_gpu_reserved_gib / r.peak_gpu_mem_gib - 1
-        assert share != own
-        assert 1 + errors[r.label] == pytest.approx((1 + share) * r.peak_gpu_mem_gib / r.peak_gpu_reserved_gib, rel=0.01)
+        # the other models' figures: their start-up multiple, and their kind's share the median of what
+        # their pools held beyond their start-up blocks (this run's own pool nowhere in it)
+        start = with_pool_of(h200, [o for o in runs if o is not r]).memory.offload_start_pool.value
+        beyond = [(o.peak_gpu_reserved_gib - start * start_pool_base_gib(o)) / o.peak_gpu_mem_gib - 1
+                  for o in kept if o is not r]
+        share = min(max(statistics.median(beyond), 0.0), 1.0)
+        predicted = (1 + share) * r.peak_gpu_mem_gib + start * start_pool_base_gib(r)
+        assert 1 + errors[r.label] == pytest.approx(predicted / r.peak_gpu_reserved_gib, rel=0.01)
     done = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(path), "--held-out"], capture_output=True,
                           text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr
