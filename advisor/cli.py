@@ -188,6 +188,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
     pred = predict_one(workload, strategy, prof)
     from advisor.bands import band_fields, pool_band_note, profile_band
     from advisor.host_check import host_bound_notes
+    from advisor.model_notes import head_dim_notes
     from advisor.recommend import thread_warnings
 
     band, why_not = profile_band(profile, prof)
@@ -195,7 +196,8 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
                         pred.peak_gpu_mem_gib)
     pool_note = pool_band_note(bands["peak_gpu_mem_gib_band"], prof.gpu.memory_gib.value,
                                band.level if band else None) if pred.feasible else None
-    for warning in thread_warnings(strategy, prof) + host_bound_notes(pred) + ([pool_note] if pool_note else []):
+    for warning in (thread_warnings(strategy, prof) + host_bound_notes(pred) + head_dim_notes(arch, prof)
+                    + ([pool_note] if pool_note else [])):
         click.echo(warning, err=True)
     if as_json:
         out = pred.to_dict()

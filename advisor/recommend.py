@@ -156,6 +156,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
     from advisor.bands import pool_band_note, profile_band, with_bands
     from advisor.host_check import host_bound_notes
     from advisor.launch import launch
+    from advisor.model_notes import head_dim_notes
     from models.ds_config import to_ds_config
     from models.predict import predict
 
@@ -164,7 +165,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
                            req.memory_margin)
     result = run_search(problem, req.method, req.trials, req.objective, req.max_slowdown, req.storage, req.seed)
     band, band_note = profile_band(req.profile_name, profile)
-    notes = list(req.notes)
+    notes = list(req.notes) + head_dim_notes(arch, profile)
     if req.memory_margin:
         notes.append(f"every strategy shown leaves {req.memory_margin:.0%} of the GPU's {problem.gpu_memory_gib:.0f} "
                      "GiB free (--memory-margin): the room for the prediction's error")
