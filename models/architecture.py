@@ -168,10 +168,13 @@ def _vision_from_config(cfg, text_hidden: int, origin: str, model_type) -> Visio
         raise ModelConfigError(f"{where}: expected a JSON object, got {cfg!r}")
     hidden = _first(cfg, ("embed_dim", "hidden_size"), where)
     merge = _first(cfg, ("spatial_merge_size",), where, 1)
+    own_type = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None
     return VisionEncoder(
         hidden_size=hidden,
-        num_layers=_first(cfg, ("num_hidden_layers", "depth"), where),
-        num_heads=_first(cfg, ("num_attention_heads", "num_heads"), where),
+        # Qwen's `depth` and `num_heads` first: newer Qwen2.5-VL configs also write a stray
+        # `num_hidden_layers` of 1 beside `depth` 32
+        num_layers=_first(cfg, ("depth", "num_hidden_layers"), where),
+        num_heads=_first(cfg, ("num_heads", "num_attention_heads"), where),
         intermediate_size=_mlp_width(cfg, hidden, where),
         patch_size=_require(cfg, "patch_size", where),
         image_size=_first(cfg, ("image_size",), where, 336),
@@ -179,7 +182,8 @@ def _vision_from_config(cfg, text_hidden: int, origin: str, model_type) -> Visio
                                      hidden * merge**2 if merge > 1 else text_hidden),
         spatial_merge=merge,
         temporal_patch=_first(cfg, ("temporal_patch_size",), where, 1),
-        gated_mlp=_flag(cfg.get("gated_mlp", model_type in GATED_VISION_MODEL_TYPES), "gated_mlp", where),
+        gated_mlp=_flag(cfg.get("gated_mlp", bool({model_type, own_type} & GATED_VISION_MODEL_TYPES)), "gated_mlp",
+                        where),
     )
 
 

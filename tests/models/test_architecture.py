@@ -152,3 +152,13 @@ def test_qwen2_vl_7b_counts_its_published_size():
                                  name="qwen2-vl-7b")
     c = count_params(Workload(a, 8192, images=1))
     assert (c.llm + c.vision_encoder + c.projector) / 1e9 == pytest.approx(8.29, abs=0.01)
+
+
+def test_a_newer_qwen2_5_vl_config_is_read_by_its_depth_and_its_tower_s_own_type():
+    """transformers 4.53+ writes the text under text_config, a model_type in vision_config, and a stray
+    num_hidden_layers of 1 beside depth 32 (Qwen2.5-VL-3B's config.json)."""
+    vision = {**QWEN2_5_VL_VISION, "model_type": "qwen2_5_vl", "num_hidden_layers": 1, "out_hidden_size": 2048}
+    text = {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+            "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True}
+    v = architecture_from_config({"text_config": text, "vision_config": vision}, name="qwen2.5-vl-3b").vision
+    assert (v.num_layers, v.num_heads, v.gated_mlp) == (32, 16, True)
