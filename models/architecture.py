@@ -42,6 +42,10 @@ OTHER_BLOCK_MODEL_TYPES = frozenset({
 # SigLIP's, Qwen2-VL's and Qwen3-VL's are plain; a config may say so itself with `gated_mlp`.
 GATED_VISION_MODEL_TYPES = frozenset({"qwen2_5_vl"})
 
+# Model types whose attention normalises q and k (per head, before RoPE); a config may also say so
+# with `use_qk_norm` or `qk_norm`.
+QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_vl", "qwen3_vl_text", "gemma3", "gemma3_text", "olmo2"})
+
 # `layer_types` the model counts as causal softmax attention; a sliding window is counted in full.
 # Others (Qwen3.5's linear_attention, a gated delta rule) have another cost and are refused.
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -88,6 +92,7 @@ class Architecture:
     # A config's head_dim where it is not hidden_size / num_heads (None: it is, as LLaMA and Qwen2 have
     # it); kept apart from `head_dim` so that a copy with other widths derives its heads again.
     config_head_dim: int | None = None
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k before RoPE (Qwen3, Gemma 3, OLMo 2)
 
     @property
     def head_dim(self) -> int:
@@ -106,7 +111,7 @@ class Architecture:
     def layer_params(self) -> int:
         """Parameters of one decoder block: attention (GQA), SwiGLU MLP, two RMSNorms."""
         h = self.hidden_size
-        attention = 2 * h * self.attention_dim + 2 * h * self.kv_dim
+        attention = 2 * h * self.attention_dim + 2 * h * self.kv_dim + (2 * self.head_dim if self.qk_norm else 0)
         mlp = 3 * h * self.intermediate_size
         return attention + mlp + 2 * h
 
@@ -196,7 +201,8 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     if not isinstance(text, dict):
         raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
     outer_type = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None
-    other = sorted({t for t in (text.get("model_type"), outer_type) if isinstance(t, str)} & OTHER_BLOCK_MODEL_TYPES)
+    types = {t for t in (text.get("model_type"), outer_type) if isinstance(t, str)}
+    other = sorted(types & OTHER_BLOCK_MODEL_TYPES)
     if other:
         raise ModelConfigError(f"{where}: model_type '{other[0]}' has a decoder block other than LLaMA's; "
                                "only LLaMA-style decoders are modelled")
@@ -219,6 +225,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         if other_layers:
             raise ModelConfigError(f"{where}: layers of type {other_layers[0]!r} are not modelled; "
                                    "only softmax attention layers are")
+    qk_key = "use_qk_norm" if "use_qk_norm" in text else "qk_norm"
     head_dim = text.get("head_dim")
     if head_dim is None:
         if hidden % heads:
@@ -245,6 +252,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
                              "tie_word_embeddings", where),
         vision=vision,
         config_head_dim=None if head_dim is None or head_dim * heads == hidden else head_dim,
+        qk_norm=_flag(text.get(qk_key, bool(types & QK_NORM_MODEL_TYPES)), qk_key, where),
     )
 
 

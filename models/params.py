@@ -53,6 +53,7 @@ class ParamCounts:
     vit_layer: int  # one ViT block (0 without a vision tower)
     largest_module: int  # ZeRO-3 gathers one module at a time; this one sets the buffer
     modules_llm: int  # modules with parameters in the LLM (ZeRO-3 fetch/release hooks)
+    modules_per_llm_layer: int  # of them, in one decoder layer (what a recomputed layer hooks again)
     modules_vision: int  # modules with parameters in the encoder and projector (0 when it gets no input)
     vision_active: bool  # the workload feeds the vision tower images or frames
     trainable_tensors: int  # parameter tensors with gradients (a step outside ZeRO-3 visits each)
@@ -89,15 +90,21 @@ def decoder_tensors(arch: Architecture) -> tuple[int, ...]:
     """Elements of each decoder parameter tensor, in the harness's (and Hugging Face's) layout: per
     layer q, k, v, o, gate, up, down and two norms; the embedding, the final norm, an untied LM head."""
     h, f, q, kv = arch.hidden_size, arch.intermediate_size, arch.attention_dim, arch.kv_dim
-    layer = (h * q, h * kv, h * kv, q * h, h * f, h * f, f * h, h, h)
+    qk_norms = (arch.head_dim, arch.head_dim) if arch.qk_norm else ()
+    layer = (h * q, h * kv, h * kv, q * h, *qk_norms, h * f, h * f, f * h, h, h)
     head = () if arch.tie_embeddings else (arch.vocab_size * h,)
     return (arch.vocab_size * h,) + layer * arch.num_layers + (h,) + head
+
+
+def llm_modules_per_layer(arch: Architecture) -> int:
+    """Modules with parameters in one decoder layer: LLM_MODULES_PER_LAYER, and the q and k norms."""
+    return LLM_MODULES_PER_LAYER + (2 if arch.qk_norm else 0)
 
 
 def count_params(workload: Workload) -> ParamCounts:
     arch: Architecture = workload.arch
     h, v = arch.hidden_size, arch.vision
-    llm_modules = arch.num_layers * LLM_MODULES_PER_LAYER + 2 + (0 if arch.tie_embeddings else 1)
+    llm_modules = arch.num_layers * llm_modules_per_layer(arch) + 2 + (0 if arch.tie_embeddings else 1)
     largest = max(arch.vocab_size * h, h * arch.intermediate_size, h * arch.attention_dim)
     enc = proj = vit_layer = vis_modules = 0
     tensors = llm_modules  # one weight each
@@ -128,6 +135,7 @@ def count_params(workload: Workload) -> ParamCounts:
         vit_layer=vit_layer,
         largest_module=largest,
         modules_llm=llm_modules,
+        modules_per_llm_layer=llm_modules_per_layer(arch),
         modules_vision=vis_modules,
         vision_active=bool(v is not None and workload.vision_groups),
         trainable_tensors=tensors,

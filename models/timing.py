@@ -36,7 +36,7 @@ import numpy as np
 from models.flops import BF16, MicroStepWork
 from models.layout import SUB_GROUP_SIZE, Layout
 from models.memory import MemoryEstimate
-from models.params import LLM_MODULES_PER_LAYER, VIT_MODULES_PER_LAYER, ParamCounts
+from models.params import VIT_MODULES_PER_LAYER, ParamCounts
 from models.profile import HardwareProfile, Network
 from models.strategy import StrategyBatch
 from models.workload import Workload
@@ -221,7 +221,7 @@ class _Passes:
             forward_modules=counts.modules_llm + counts.modules_vision,
             backward_modules=counts.modules_llm + (counts.modules_vision if vis_trained
                                                    else (2 if counts.modules_vision else 0)),
-            recompute_modules=n_ck * LLM_MODULES_PER_LAYER + nv_ck * (VIT_MODULES_PER_LAYER if vis_trained else 0),
+            recompute_modules=n_ck * counts.modules_per_llm_layer + nv_ck * (VIT_MODULES_PER_LAYER if vis_trained else 0),
             forward_params=float(counts.forward_params), backward_params=float(counts.backward_params),
             recompute_params=n_ck * counts.layer + nv_ck * counts.vit_layer,
             trainable_tensors=counts.trainable_tensors,

@@ -1,7 +1,8 @@
 """The validation model: a LLaMA-style decoder, optionally fed by a ViT encoder and an MLP projector.
 
 Built from `models.architecture.Architecture`, so the harness trains exactly the shapes the cost
-model counts: RMSNorm, RoPE, GQA attention through torch SDPA (causal), SwiGLU, untied logits
+model counts: RMSNorm, RoPE, GQA attention through torch SDPA (causal; q and k normalised per head
+where the config says so), SwiGLU, untied logits
 (tied when the preset ties them). The vision path is patch embedding (temporal patches folded in),
 bidirectional SDPA blocks, spatial merge and a two-layer MLP projector whose outputs replace the
 LLM input embeddings at the vision-token positions.
@@ -94,13 +95,18 @@ class DecoderAttention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        # Qwen3's and Gemma 3's norm over each head of q and k, before RoPE
+        self.q_norm, self.k_norm = (RMSNorm(self.head_dim), RMSNorm(self.head_dim)) if arch.qk_norm else (None, None)
         core = CoreAttention(causal=True)
         self.core = attention_wrapper(core) if attention_wrapper else core
 
     def forward(self, x, cos, sin):
         b, s, _ = x.shape  # s is this rank's shard under Ulysses
-        q = apply_rope(self.q_proj(x).view(b, s, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(b, s, self.n_kv, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim)
         if isinstance(self.core, CoreAttention):
             y = self.core(q, k, v)

@@ -199,7 +199,7 @@ def test_an_impossible_profile_constant_is_named(tmp_path_factory, name, value):
 CONFIG_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                "vocab_size", "tie_word_embeddings", "vision_config", "text_config", "patch_size", "image_size",
                "head_dim", "model_type", "layer_types", "num_local_experts", "embed_dim", "mlp_ratio",
-               "spatial_merge_size", "mm_tokens_per_image"]
+               "spatial_merge_size", "mm_tokens_per_image", "use_qk_norm"]
 CONFIG_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(-2, 1e6),
                          st.sampled_from(["", "2", "phi", "full_attention", "linear_attention"]),
                          st.lists(st.one_of(st.integers(0, 5), st.sampled_from(["full_attention", "x"]),

@@ -33,18 +33,30 @@ def n_params(module) -> int:
 
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("head_dim", [None, 32])  # 32: heads twice as wide as hidden / heads (Qwen3, Gemma)
-def test_text_parameters_equal_the_cost_models_count(tied, head_dim):
-    arch = tiny(tie_word_embeddings=tied, **({} if head_dim is None else {"head_dim": head_dim}))
-    assert n_params(Transformer(arch)) == arch.llm_params
+@pytest.mark.parametrize("model_type", [None, "qwen3"])  # qwen3: q and k normalised per head
+def test_text_parameters_equal_the_cost_models_count(tied, head_dim, model_type):
+    arch = tiny(tie_word_embeddings=tied, **({} if head_dim is None else {"head_dim": head_dim}),
+                **({} if model_type is None else {"model_type": model_type}))
+    assert arch.qk_norm == (model_type == "qwen3")
+    model = Transformer(arch)
+    assert n_params(model) == arch.llm_params
+    counts, layer = count_params(Workload(arch, 64)), model.layers[0]
+    per_layer = len(list(layer.parameters()))  # the cost model's tensors of a layer (in Hugging Face's order)
+    assert sorted(p.numel() for p in layer.parameters()) == sorted(counts.decoder_tensors[1:1 + per_layer])
+    assert sum(1 for m in layer.modules() if any(True for _ in m.parameters(recurse=False))) == (
+        counts.modules_per_llm_layer)
 
 
+@pytest.mark.parametrize("model_type", [None, "qwen3"])
 @pytest.mark.parametrize("head_dim", [None, 64, 16])
-def test_a_decoder_block_saves_what_the_memory_model_counts(head_dim):
+def test_a_decoder_block_saves_what_the_memory_model_counts(head_dim, model_type):
     """Autograd's saved tensors of one bf16 block, weights and the shared RoPE tables left out, are
     the memory model's per-token count to the byte, but for the two norms' fp32 rsqrt (4 bytes a
-    token each), which it leaves out; heads wider or narrower than hidden / heads included."""
+    token each), which it leaves out; heads wider or narrower than hidden / heads, and q and k
+    normalised per head (Qwen3), included."""
     cfg = {"hidden_size": 256, "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "intermediate_size": 512, "vocab_size": 64, **({} if head_dim is None else {"head_dim": head_dim})}
+           "intermediate_size": 512, "vocab_size": 64, **({} if head_dim is None else {"head_dim": head_dim}),
+           **({} if model_type is None else {"model_type": model_type})}
     arch = architecture_from_config(cfg, name="block")
     block = DecoderBlock(arch, None).to(torch.bfloat16)
     seq = 128

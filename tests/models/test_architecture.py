@@ -20,8 +20,10 @@ def test_an_explicit_head_dim_sizes_q_o_k_and_v():
     h, f = 2560, 9728
     per_layer = 2 * h * 4096 + 2 * h * 1024 + 3 * h * f + 2 * h
     assert a.layer_params == per_layer
-    # 4,022,458,880: Hugging Face's 4,022,468,096 less the q/k norms (2 x 128 a layer) it adds
     assert count_params(Workload(a, 4096)).llm == 36 * per_layer + 151936 * h + h == 4_022_458_880
+    # a Qwen3 config (its model_type says so) normalises each head of q and k: 2 x 128 weights a layer more
+    qwen3 = architecture_from_config({**QWEN3_4B, "model_type": "qwen3"}, name="qwen3-4b")
+    assert qwen3.qk_norm and qwen3.llm_params == 4_022_458_880 + 36 * 2 * 128
 
 
 def test_head_dim_equal_to_hidden_over_heads_changes_nothing():
@@ -162,3 +164,20 @@ def test_a_newer_qwen2_5_vl_config_is_read_by_its_depth_and_its_tower_s_own_type
             "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True}
     v = architecture_from_config({"text_config": text, "vision_config": vision}, name="qwen2.5-vl-3b").vision
     assert (v.num_layers, v.num_heads, v.gated_mlp) == (32, 16, True)
+
+
+@pytest.mark.parametrize("cfg, expected", [({"model_type": "qwen3"}, True), ({"model_type": "gemma3_text"}, True),
+                                           ({"model_type": "llama"}, False), ({}, False),
+                                           ({"model_type": "qwen3", "use_qk_norm": False}, False),
+                                           ({"qk_norm": True}, True)])
+def test_qk_norm_follows_the_model_type_unless_the_config_says(cfg, expected):
+    assert architecture_from_config({**QWEN3_4B, **cfg}, name="m").qk_norm is expected
+
+
+def test_a_qk_norm_flag_that_is_not_a_boolean_is_refused():
+    with pytest.raises(ModelConfigError, match="use_qk_norm"):
+        architecture_from_config({**QWEN3_4B, "use_qk_norm": "yes"}, name="m")
+
+
+def test_qwen3_presets_normalise_q_and_k():
+    assert all(load_architecture(f"qwen3-{size}").qk_norm for size in ("0.6b", "1.7b", "4b", "8b", "14b", "32b"))
