@@ -35,6 +35,7 @@ OTHER_BLOCK_MODEL_TYPES = frozenset({
     "gpt2", "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gptj", "gpt_bigcode", "codegen", "phi",
     "starcoder2", "falcon", "opt", "bloom", "mpt", "persimmon", "biogpt", "xglm",
     "mllama", "mllama_text_model",
+    "gemma2",  # soft-capped attention scores: Hugging Face runs it eagerly, the scores held whole
 })
 
 
@@ -45,6 +46,8 @@ GATED_VISION_MODEL_TYPES = frozenset({"qwen2_5_vl"})
 # Model types whose attention normalises q and k (per head, before RoPE); a config may also say so
 # with `use_qk_norm` or `qk_norm`.
 QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_vl", "qwen3_vl_text", "gemma3", "gemma3_text", "olmo2"})
+# Model types with four norms a layer: the attention's and the MLP's outputs normalised again.
+SANDWICH_NORM_MODEL_TYPES = frozenset({"gemma3", "gemma3_text"})
 
 # `layer_types` the model counts as causal softmax attention; a sliding window is counted in full.
 # Others (Qwen3.5's linear_attention, a gated delta rule) have another cost and are refused.
@@ -93,6 +96,7 @@ class Architecture:
     # it); kept apart from `head_dim` so that a copy with other widths derives its heads again.
     config_head_dim: int | None = None
     qk_norm: bool = False  # an RMSNorm over each head of q and of k before RoPE (Qwen3, Gemma 3, OLMo 2)
+    sandwich_norms: bool = False  # the attention's and the MLP's outputs normalised before each add (Gemma 3)
 
     @property
     def head_dim(self) -> int:
@@ -113,7 +117,7 @@ class Architecture:
         h = self.hidden_size
         attention = 2 * h * self.attention_dim + 2 * h * self.kv_dim + (2 * self.head_dim if self.qk_norm else 0)
         mlp = 3 * h * self.intermediate_size
-        return attention + mlp + 2 * h
+        return attention + mlp + (4 if self.sandwich_norms else 2) * h
 
     @property
     def embedding_params(self) -> int:
@@ -253,6 +257,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         vision=vision,
         config_head_dim=None if head_dim is None or head_dim * heads == hidden else head_dim,
         qk_norm=_flag(text.get(qk_key, bool(types & QK_NORM_MODEL_TYPES)), qk_key, where),
+        sandwich_norms=bool(types & SANDWICH_NORM_MODEL_TYPES),
     )
 
 

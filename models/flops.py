@@ -171,9 +171,10 @@ def _llm_elementwise_bytes_per_token(w: Workload, measured: "LayerElementwise | 
     a = w.arch
     h, kv, f, v = a.hidden_size, a.kv_dim, a.intermediate_size, a.vocab_size
     layer = measured.bytes_per_token(h, kv, f) / 3.0 if measured is not None else counted_layer_bytes_per_token(a)
-    # Qwen3's norms over q and k: counted (read and write q + kv) in either case, since no measured
-    # layer had them, so a lower bound of what their unfused kernels move
+    # Qwen3's norms over q and k, Gemma 3's two more over h: counted (read and write) in either case,
+    # since no measured layer had them, so a lower bound of what their unfused kernels move
     layer += BF16 * 2 * (a.attention_dim + kv) if a.qk_norm else 0.0
+    layer += BF16 * 2 * 2 * h if a.sandwich_norms else 0.0
     outside_fwd = BF16 * 2 * 2 * h + loss_bytes_per_vocab(w)[0] * v
     return float(layer), float(outside_fwd)
 

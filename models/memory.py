@@ -213,13 +213,16 @@ def activation_bytes_per_token(workload: Workload, sp=1) -> tuple[np.ndarray, fl
     silu(gate), up and their product (4f). Under Ulysses (sp > 1) the all-to-all's output feeding
     o_proj is a tensor of its own (attention_dim). With q and k normalised per head (Qwen3), each
     norm keeps its two fp32 copies and its bf16 normalised value (RoPE, next, keeps only its tables)
-    and an fp32 rsqrt per head. A checkpointed layer keeps only its input (h).
+    and an fp32 rsqrt per head; Gemma 3's sandwich norms the same over h. A checkpointed layer keeps
+    only its input (h).
     """
     a = workload.arch
     h, q, f = a.hidden_size, a.attention_dim, a.intermediate_size
     full = 2 * RMSNORM_BYTES_PER_ELEMENT * h + BF16 * (4 * q + 4 * f) + FP32 * a.num_heads
     if a.qk_norm:
         full += (RMSNORM_BYTES_PER_ELEMENT - BF16) * (q + a.kv_dim) + FP32 * (a.num_heads + a.num_kv_heads)
+    if a.sandwich_norms:  # two more norms whose outputs go to the residual adds, which keep nothing
+        full += 2 * (RMSNORM_BYTES_PER_ELEMENT - BF16) * h
     ulysses = np.where(np.asarray(sp) > 1, BF16 * q, 0.0)
     return full + ulysses, float(BF16 * h)
 

@@ -91,14 +91,16 @@ def decoder_tensors(arch: Architecture) -> tuple[int, ...]:
     layer q, k, v, o, gate, up, down and two norms; the embedding, the final norm, an untied LM head."""
     h, f, q, kv = arch.hidden_size, arch.intermediate_size, arch.attention_dim, arch.kv_dim
     qk_norms = (arch.head_dim, arch.head_dim) if arch.qk_norm else ()
-    layer = (h * q, h * kv, h * kv, q * h, *qk_norms, h * f, h * f, f * h, h, h)
+    norms = (h, h, h, h) if arch.sandwich_norms else (h, h)
+    layer = (h * q, h * kv, h * kv, q * h, *qk_norms, h * f, h * f, f * h, *norms)
     head = () if arch.tie_embeddings else (arch.vocab_size * h,)
     return (arch.vocab_size * h,) + layer * arch.num_layers + (h,) + head
 
 
 def llm_modules_per_layer(arch: Architecture) -> int:
-    """Modules with parameters in one decoder layer: LLM_MODULES_PER_LAYER, and the q and k norms."""
-    return LLM_MODULES_PER_LAYER + (2 if arch.qk_norm else 0)
+    """Modules with parameters in one decoder layer: LLM_MODULES_PER_LAYER, the q and k norms, the
+    sandwich's two."""
+    return LLM_MODULES_PER_LAYER + (2 if arch.qk_norm else 0) + (2 if arch.sandwich_norms else 0)
 
 
 def count_params(workload: Workload) -> ParamCounts:

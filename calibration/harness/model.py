@@ -2,7 +2,7 @@
 
 Built from `models.architecture.Architecture`, so the harness trains exactly the shapes the cost
 model counts: RMSNorm, RoPE, GQA attention through torch SDPA (causal; q and k normalised per head
-where the config says so), SwiGLU, untied logits
+where the config says so), SwiGLU (outputs normalised again in Gemma 3's sandwich), untied logits
 (tied when the preset ties them). The vision path is patch embedding (temporal patches folded in),
 bidirectional SDPA blocks, spatial merge and a two-layer MLP projector whose outputs replace the
 LLM input embeddings at the vision-token positions.
@@ -133,10 +133,13 @@ class DecoderBlock(nn.Module):
         self.attn = DecoderAttention(arch, attention_wrapper)
         self.post_attn_norm = RMSNorm(arch.hidden_size)
         self.mlp = SwiGLU(arch.hidden_size, arch.intermediate_size)
+        # Gemma 3's sandwich: the attention's and the MLP's outputs normalised again before each residual add
+        self.attn_out_norm, self.mlp_out_norm = ((RMSNorm(arch.hidden_size), RMSNorm(arch.hidden_size))
+                                                 if arch.sandwich_norms else (nn.Identity(), nn.Identity()))
 
     def forward(self, x, cos, sin):
-        x = x + self.attn(self.input_norm(x), cos, sin)
-        return x + self.mlp(self.post_attn_norm(x))
+        x = x + self.attn_out_norm(self.attn(self.input_norm(x), cos, sin))
+        return x + self.mlp_out_norm(self.mlp(self.post_attn_norm(x)))
 
 
 class VisionBlock(nn.Module):

@@ -33,11 +33,11 @@ def n_params(module) -> int:
 
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("head_dim", [None, 32])  # 32: heads twice as wide as hidden / heads (Qwen3, Gemma)
-@pytest.mark.parametrize("model_type", [None, "qwen3"])  # qwen3: q and k normalised per head
+@pytest.mark.parametrize("model_type", [None, "qwen3", "gemma3_text"])  # q and k normalised per head; the sandwich
 def test_text_parameters_equal_the_cost_models_count(tied, head_dim, model_type):
     arch = tiny(tie_word_embeddings=tied, **({} if head_dim is None else {"head_dim": head_dim}),
                 **({} if model_type is None else {"model_type": model_type}))
-    assert arch.qk_norm == (model_type == "qwen3")
+    assert (arch.qk_norm, arch.sandwich_norms) == (model_type is not None, model_type == "gemma3_text")
     model = Transformer(arch)
     assert n_params(model) == arch.llm_params
     counts, layer = count_params(Workload(arch, 64)), model.layers[0]
@@ -47,13 +47,13 @@ def test_text_parameters_equal_the_cost_models_count(tied, head_dim, model_type)
         counts.modules_per_llm_layer)
 
 
-@pytest.mark.parametrize("model_type", [None, "qwen3"])
+@pytest.mark.parametrize("model_type", [None, "qwen3", "gemma3_text"])
 @pytest.mark.parametrize("head_dim", [None, 64, 16])
 def test_a_decoder_block_saves_what_the_memory_model_counts(head_dim, model_type):
     """Autograd's saved tensors of one bf16 block, weights and the shared RoPE tables left out, are
-    the memory model's per-token count to the byte, but for the two norms' fp32 rsqrt (4 bytes a
-    token each), which it leaves out; heads wider or narrower than hidden / heads, and q and k
-    normalised per head (Qwen3), included."""
+    the memory model's per-token count to the byte, but for the norms' fp32 rsqrt over the hidden
+    width (4 bytes a token each: two norms, four in Gemma 3's sandwich), which it leaves out; heads
+    wider or narrower than hidden / heads, q and k normalised per head (Qwen3, Gemma 3) included."""
     cfg = {"hidden_size": 256, "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2,
            "intermediate_size": 512, "vocab_size": 64, **({} if head_dim is None else {"head_dim": head_dim}),
            **({} if model_type is None else {"model_type": model_type})}
@@ -74,7 +74,7 @@ def test_a_decoder_block_saves_what_the_memory_model_counts(head_dim, model_type
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         block(x, cos, sin)
     full, _ = activation_bytes_per_token(Workload(arch, seq))
-    assert sum(saved.values()) / seq == float(full) + 2 * 4
+    assert sum(saved.values()) / seq == float(full) + (4 if arch.sandwich_norms else 2) * 4
 
 
 def test_real_preset_parameter_count_on_the_meta_device():

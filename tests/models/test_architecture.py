@@ -66,7 +66,7 @@ def test_a_hidden_width_the_heads_do_not_divide_needs_a_head_dim():
                                     name="m").attention_dim == 24 * 128
 
 
-@pytest.mark.parametrize("model_type", ["gpt_neox", "phi", "starcoder2"])
+@pytest.mark.parametrize("model_type", ["gpt_neox", "phi", "starcoder2", "gemma2"])
 def test_a_decoder_of_another_block_is_refused_not_counted_as_swiglu(model_type):
     with pytest.raises(ModelConfigError, match=f"model_type '{model_type}'"):
         architecture_from_config({**QWEN3_4B, "model_type": model_type}, name="m")
