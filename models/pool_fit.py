@@ -9,8 +9,8 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from models.measured_run import MeasuredRun
-from models.memory import (FRAGMENTATION_FIELDS, fragmentation_index, fragmentation_shares, start_pool_base_bytes,
-                           start_pool_ratio)
+from models.memory import (FRAGMENTATION_FIELDS, GIB, fragmentation_index, fragmentation_shares,
+                           start_pool_base_bytes, start_pool_ratio)
 from models.params import count_params
 from models.profile import HardwareProfile, Quantity
 from models.profile_values import with_values
@@ -25,7 +25,7 @@ def start_pool_base_gib(run: MeasuredRun) -> float:
     """What `memory.offload_start_pool` multiplies for this run (`models.memory.start_pool_base_bytes`), GiB."""
     s = run.strategy
     trainable = count_params(run.workload).trainable
-    return float(start_pool_base_bytes(s.zero_stage, s.offload_optimizer != "none", trainable)) / 2**30
+    return float(start_pool_base_bytes(s.zero_stage, s.offload_optimizer != "none", trainable)) / GIB
 
 
 def pool_beyond_share_gib(run: MeasuredRun, shares: np.ndarray, start_ratio: float = 0.0) -> float:
