@@ -68,6 +68,26 @@ def test_a_single_rank_zero3_run_is_measured(tmp_path, tiny_model, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_gemma3_shaped_decoder_runs_under_zero3_and_gathers_the_parameters_the_model_counts(tmp_path):
+    """Heads of 32 on a 64-wide stream, q/k norms and the sandwich's norms: DeepSpeed's ZeRO-3 gathers,
+    each step, one parameter per module the cost model counts (its hooks are priced per module)."""
+    from models.architecture import load_architecture
+    from models.params import count_params
+    from models.workload import Workload
+
+    config = tmp_path / "gemma3-shaped.json"
+    config.write_text(json.dumps({**TINY, "model_type": "gemma3_text", "head_dim": 32}))
+    c = Candidate(model=str(config), seq_len=64, ds_config=ds_config(3, stage3_param_persistence_threshold=0),
+                  strategy={"cpu_threads_per_rank": 1})
+    result = run_candidate(c, tmp_path, QUICK)
+    check_measured(result, steps=2, world=1)
+    counts = count_params(Workload(load_architecture(str(config)), 64))
+    assert counts.modules_per_llm_layer == 13  # 9, two q/k norms, the sandwich's two
+    assert result.layout["zero3_coordinator"]["gathered_params_per_step"] == counts.modules_llm
+    assert result.loss_last < result.loss_first
+
+
+@pytest.mark.slow
 def test_offload_with_accumulation_runs_and_learns(tmp_path, tiny_model):
     cfg = ds_config(1, grad_accum=2, offload_optimizer={"device": "cpu"})
     result = run_candidate(Candidate(model=tiny_model, seq_len=64, ds_config=cfg), tmp_path,
