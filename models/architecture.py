@@ -196,27 +196,13 @@ def _vision_from_config(cfg, text_hidden: int, origin: str, model_type) -> Visio
     )
 
 
-def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> Architecture:
-    """Build an Architecture from a Hugging Face-style config dict."""
-    if not isinstance(cfg, dict):
-        raise ModelConfigError(f"{origin}: expected a JSON object")
-    text = cfg.get("text_config", cfg)
-    where = f"{origin} text_config" if "text_config" in cfg else origin
-    if not isinstance(text, dict):
-        raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
-    outer_type = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None
-    types = {t for t in (text.get("model_type"), outer_type) if isinstance(t, str)}
-    other = sorted(types & OTHER_BLOCK_MODEL_TYPES)
+def _refuse_what_is_not_modelled(text: dict, model_types: set[str], where: str) -> None:
+    """One line for a decoder the cost model would count as something it is not: another block, a
+    mixture of experts, layers other than softmax attention."""
+    other = sorted(model_types & OTHER_BLOCK_MODEL_TYPES)
     if other:
         raise ModelConfigError(f"{where}: model_type '{other[0]}' has a decoder block other than LLaMA's; "
                                "only LLaMA-style decoders are modelled")
-    hidden = _require(text, "hidden_size", where)
-    heads = _require(text, "num_attention_heads", where)
-    kv_heads = text.get("num_key_value_heads")
-    if kv_heads is None:  # absent or null (Phi-3 and others write null): one KV head per head
-        kv_heads = heads
-    if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0 or heads % kv_heads:
-        raise ModelConfigError(f"{where}: 'num_key_value_heads' must divide num_attention_heads ({heads}), got {kv_heads!r}")
     experts = next((text[k] for k in MOE_EXPERT_KEYS if isinstance(text.get(k), int) and text[k] > 1), None)
     if experts is not None:
         raise ModelConfigError(f"{where}: a mixture-of-experts model ({experts} experts) is not modelled; "
@@ -229,6 +215,26 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         if other_layers:
             raise ModelConfigError(f"{where}: layers of type {other_layers[0]!r} are not modelled; "
                                    "only softmax attention layers are")
+
+
+def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> Architecture:
+    """Build an Architecture from a Hugging Face-style config dict."""
+    if not isinstance(cfg, dict):
+        raise ModelConfigError(f"{origin}: expected a JSON object")
+    text = cfg.get("text_config", cfg)
+    where = f"{origin} text_config" if "text_config" in cfg else origin
+    if not isinstance(text, dict):
+        raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
+    outer_type = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None
+    types = {t for t in (text.get("model_type"), outer_type) if isinstance(t, str)}
+    _refuse_what_is_not_modelled(text, types, where)
+    hidden = _require(text, "hidden_size", where)
+    heads = _require(text, "num_attention_heads", where)
+    kv_heads = text.get("num_key_value_heads")
+    if kv_heads is None:  # absent or null (Phi-3 and others write null): one KV head per head
+        kv_heads = heads
+    if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0 or heads % kv_heads:
+        raise ModelConfigError(f"{where}: 'num_key_value_heads' must divide num_attention_heads ({heads}), got {kv_heads!r}")
     qk_key = "use_qk_norm" if "use_qk_norm" in text else "qk_norm"
     head_dim = text.get("head_dim")
     if head_dim is None:
