@@ -20,7 +20,7 @@ def head_dim_notes(arch: Architecture, profile: HardwareProfile) -> list[str]:
     low, high = curve.x[0], curve.x[-1]
     heads = {"the decoder's": arch.head_dim}
     if arch.vision is not None:
-        heads["the vision tower's"] = arch.vision.hidden_size // arch.vision.num_heads
+        heads["the vision tower's"] = arch.vision.head_dim
     return [f"note: {who} attention heads are {dim} wide, outside the head dims {profile.name}'s attention was "
             f"measured at ({low:g}-{high:g}): timed at {low if dim < low else high:g}'s rate. `advisor calibrate "
             "--only attention` measures heads of 64-256 (merge it with python -m calibration.merge)"

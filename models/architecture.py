@@ -73,6 +73,10 @@ class VisionEncoder:
     temporal_patch: int = 1  # frames folded into one patch along time (Qwen2-VL uses 2)
     gated_mlp: bool = False
 
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
     def patches_per_image(self, image_size: int | None = None) -> int:
         side = (image_size or self.image_size) // self.patch_size
         return side * side
@@ -112,12 +116,19 @@ class Architecture:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def layer_tensors(self) -> tuple[int, ...]:
+        """Elements of each parameter tensor of one decoder block, in Hugging Face's order, one module
+        each: q, k, v, o (GQA), the q and k norms (Qwen3, Gemma 3), gate, up, down (SwiGLU), two
+        RMSNorms and Gemma 3's two sandwich norms."""
+        h, q, kv, f = self.hidden_size, self.attention_dim, self.kv_dim, self.intermediate_size
+        qk_norms = (self.head_dim, self.head_dim) if self.qk_norm else ()
+        norms = (h, h, h, h) if self.sandwich_norms else (h, h)
+        return (h * q, h * kv, h * kv, q * h, *qk_norms, h * f, h * f, f * h, *norms)
+
+    @property
     def layer_params(self) -> int:
-        """Parameters of one decoder block: attention (GQA), SwiGLU MLP, two RMSNorms."""
-        h = self.hidden_size
-        attention = 2 * h * self.attention_dim + 2 * h * self.kv_dim + (2 * self.head_dim if self.qk_norm else 0)
-        mlp = 3 * h * self.intermediate_size
-        return attention + mlp + (4 if self.sandwich_norms else 2) * h
+        """Parameters of one decoder block."""
+        return sum(self.layer_tensors)
 
     @property
     def embedding_params(self) -> int:
@@ -158,6 +169,12 @@ def _flag(value, key: str, origin: str) -> bool:
     return value
 
 
+def _model_type(cfg: dict) -> str | None:
+    """A config's `model_type`; None where it gives none, or something that is not a name."""
+    value = cfg.get("model_type")
+    return value if isinstance(value, str) else None
+
+
 def _mlp_width(cfg: dict, hidden: int, where: str) -> int:
     """The tower's MLP width: `intermediate_size`, else `mlp_ratio` x width (Qwen2-VL), else 4 x width."""
     if "intermediate_size" in cfg or "mlp_ratio" not in cfg:
@@ -177,7 +194,7 @@ def _vision_from_config(cfg, text_hidden: int, origin: str, model_type) -> Visio
         raise ModelConfigError(f"{where}: expected a JSON object, got {cfg!r}")
     hidden = _first(cfg, ("embed_dim", "hidden_size"), where)
     merge = _first(cfg, ("spatial_merge_size",), where, 1)
-    own_type = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None
+    own_type = _model_type(cfg)
     return VisionEncoder(
         hidden_size=hidden,
         # Qwen's `depth` and `num_heads` first: newer Qwen2.5-VL configs also write a stray
@@ -225,8 +242,8 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     where = f"{origin} text_config" if "text_config" in cfg else origin
     if not isinstance(text, dict):
         raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
-    outer_type = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else None
-    types = {t for t in (text.get("model_type"), outer_type) if isinstance(t, str)}
+    outer_type = _model_type(cfg)
+    types = {t for t in (_model_type(text), outer_type) if t is not None}
     _refuse_what_is_not_modelled(text, types, where)
     hidden = _require(text, "hidden_size", where)
     heads = _require(text, "num_attention_heads", where)

@@ -275,7 +275,7 @@ def _vision_work(w: Workload, mb, sp_, ck, measured: "VisionElementwise | None" 
     elem_fwd = tv * v.num_layers * layer_b + tm * 4.0 * v.projector_hidden_size
     elem_bwd = (2.0 * tv * v.num_layers * layer_b if trained else zeros) + 2.0 * tm * 4.0 * v.projector_hidden_size
     vis = dict(
-        vis_patches_per_group=p, vis_head_dim=hv // v.num_heads, vis_groups_per_gpu=groups, vis_attn_fwd_flops=attn_fwd,
+        vis_patches_per_group=p, vis_head_dim=v.head_dim, vis_groups_per_gpu=groups, vis_attn_fwd_flops=attn_fwd,
         vis_attn_bwd_factor=enc_bwd, vis_attn_recompute_flops=attn_rec, vis_elem_fwd_bytes=elem_fwd,
         vis_elem_bwd_bytes=elem_bwd, vis_elem_recompute_bytes=tv * n_ckpt * layer_b,
         vis_checkpointed_layers=n_ckpt,

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from models.architecture import Architecture, VisionEncoder
 from models.workload import Workload
 
-# Modules that own parameters in one decoder block: q, k, v, o, gate, up, down, two RMSNorms.
-LLM_MODULES_PER_LAYER = 9
 # One ViT block: q, k, v, out, fc1, fc2 (+ a gate projection when gated), two LayerNorms.
 VIT_MODULES_PER_LAYER = 8
 # Trainable parameter tensors of a ViT block as the harness builds it: six modules (two LayerNorms,
@@ -87,26 +85,18 @@ class ParamCounts:
 
 
 def decoder_tensors(arch: Architecture) -> tuple[int, ...]:
-    """Elements of each decoder parameter tensor, in the harness's (and Hugging Face's) layout: per
-    layer q, k, v, o, gate, up, down and two norms; the embedding, the final norm, an untied LM head."""
-    h, f, q, kv = arch.hidden_size, arch.intermediate_size, arch.attention_dim, arch.kv_dim
-    qk_norms = (arch.head_dim, arch.head_dim) if arch.qk_norm else ()
-    norms = (h, h, h, h) if arch.sandwich_norms else (h, h)
-    layer = (h * q, h * kv, h * kv, q * h, *qk_norms, h * f, h * f, f * h, *norms)
+    """Elements of each decoder parameter tensor, in Hugging Face's layout: the embedding, each
+    layer's (`Architecture.layer_tensors`), the final norm, an untied LM head."""
+    h = arch.hidden_size
     head = () if arch.tie_embeddings else (arch.vocab_size * h,)
-    return (arch.vocab_size * h,) + layer * arch.num_layers + (h,) + head
-
-
-def llm_modules_per_layer(arch: Architecture) -> int:
-    """Modules with parameters in one decoder layer: LLM_MODULES_PER_LAYER, the q and k norms, the
-    sandwich's two."""
-    return LLM_MODULES_PER_LAYER + (2 if arch.qk_norm else 0) + (2 if arch.sandwich_norms else 0)
+    return (arch.vocab_size * h,) + arch.layer_tensors * arch.num_layers + (h,) + head
 
 
 def count_params(workload: Workload) -> ParamCounts:
     arch: Architecture = workload.arch
     h, v = arch.hidden_size, arch.vision
-    llm_modules = arch.num_layers * llm_modules_per_layer(arch) + 2 + (0 if arch.tie_embeddings else 1)
+    llm_modules_per_layer = len(arch.layer_tensors)  # one weight a module, no biases
+    llm_modules = arch.num_layers * llm_modules_per_layer + 2 + (0 if arch.tie_embeddings else 1)
     largest = max(arch.vocab_size * h, h * arch.intermediate_size, h * arch.attention_dim)
     enc = proj = vit_layer = vis_modules = 0
     tensors = llm_modules  # one weight each
@@ -137,7 +127,7 @@ def count_params(workload: Workload) -> ParamCounts:
         vit_layer=vit_layer,
         largest_module=largest,
         modules_llm=llm_modules,
-        modules_per_llm_layer=llm_modules_per_layer(arch),
+        modules_per_llm_layer=llm_modules_per_layer,
         modules_vision=vis_modules,
         vision_active=bool(v is not None and workload.vision_groups),
         trainable_tensors=tensors,

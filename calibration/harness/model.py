@@ -147,7 +147,7 @@ class VisionBlock(nn.Module):
 
     def __init__(self, v: VisionEncoder):
         super().__init__()
-        self.n_heads, self.head_dim = v.num_heads, v.hidden_size // v.num_heads
+        self.n_heads, self.head_dim = v.num_heads, v.head_dim
         self.norm1 = nn.LayerNorm(v.hidden_size)
         self.qkv = nn.Linear(v.hidden_size, 3 * v.hidden_size)
         self.proj = nn.Linear(v.hidden_size, v.hidden_size)

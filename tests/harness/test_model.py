@@ -41,8 +41,7 @@ def test_text_parameters_equal_the_cost_models_count(tied, head_dim, model_type)
     model = Transformer(arch)
     assert n_params(model) == arch.llm_params
     counts, layer = count_params(Workload(arch, 64)), model.layers[0]
-    per_layer = len(list(layer.parameters()))  # the cost model's tensors of a layer (in Hugging Face's order)
-    assert sorted(p.numel() for p in layer.parameters()) == sorted(counts.decoder_tensors[1:1 + per_layer])
+    assert sorted(p.numel() for p in layer.parameters()) == sorted(arch.layer_tensors)  # in Hugging Face's order
     assert sum(1 for m in layer.modules() if any(True for _ in m.parameters(recurse=False))) == (
         counts.modules_per_llm_layer)
 

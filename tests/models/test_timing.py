@@ -9,7 +9,7 @@ from cost_model_helpers import profile_with, random_batch
 
 from models.architecture import load_architecture
 from models.flops import micro_step_work
-from models.params import LLM_MODULES_PER_LAYER, count_params
+from models.params import count_params
 from models.predict import predict, predict_batch
 from models.strategy import Strategy
 from models.profile import load_profile, parse_profile
@@ -18,6 +18,7 @@ from models.workload import Workload
 
 W7 = Workload(load_architecture("llama-2-7b"), 4096)
 P7 = count_params(W7).trainable
+LLAMA_MODULES_PER_LAYER = 9  # q, k, v, o, gate, up, down, two RMSNorms: a module each, one weight each
 # The formulas below are checked by hand on gh200 at unit efficiencies, each collective one
 # alpha-beta pair whatever the group size, and host copies at one rate whatever their size.
 FLAT_LINK = {"x_unit": "bytes", "y_unit": "bytes/s", "x": [1.0], "y": [386e9], "source": "a flat link for the tests"}
@@ -114,7 +115,7 @@ def test_zero3_gathers_in_forward_backward_and_recompute_every_micro_step(gh200)
     per_micro = (
         _coll(gh200, "all_gather", 2 * P7, c.modules_llm, 4)
         + _coll(gh200, "all_gather", 2 * P7, c.modules_llm, 4)
-        + _coll(gh200, "all_gather", 2 * 32 * c.layer, 32 * LLM_MODULES_PER_LAYER, 4)
+        + _coll(gh200, "all_gather", 2 * 32 * c.layer, 32 * LLAMA_MODULES_PER_LAYER, 4)
         + _coll(gh200, "reduce_scatter", 2 * P7, math.ceil(P7 / 500_000_000), 4)
     )
     assert _phases(s, gh200)["zero_comm"] == pytest.approx(2 * per_micro)
@@ -672,7 +673,7 @@ def test_zero3_hooks_charge_each_pass_its_measured_share_of_the_forwards():
     workload = Workload(load_architecture("qwen2.5-0.5b"), 256)
     plain, checkpointed = Strategy(gpus=1, zero_stage=3), Strategy(gpus=1, zero_stage=3, checkpoint_every=1)
     layers = workload.arch.num_layers
-    hooks_per_layer_s = LLM_MODULES_PER_LAYER * h200.overheads.zero3_module_pass.value * h200.host_issue_scale
+    hooks_per_layer_s = LLAMA_MODULES_PER_LAYER * h200.overheads.zero3_module_pass.value * h200.host_issue_scale
 
     def host_s(strategy, backward, checkpointed_forward, recompute):
         profile = _with_passes({}, backward, checkpointed_forward, recompute, key="host.zero3_hook_pass")
