@@ -124,7 +124,7 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
             gpu[ratio] = carried(gpu[ratio])
     for block in ("layer_elementwise", "vision_elementwise"):  # the same kernels, as bytes: at the target's own HBM bandwidth
         if gpu.get(block):
-            gpu[block] = {k: carried(v) for k, v in gpu[block].items()}
+            gpu[block] = {k: carried(v) for k, v in gpu[block].items() if v is not None}
     if gpu.get("optimizer_step_bytes_per_param"):  # the same step's kernels, as bytes: likewise
         gpu["optimizer_step_bytes_per_param"] = carried(gpu["optimizer_step_bytes_per_param"])
     host = ref["host"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from statistics import median
 
 from calibration.cpu_power import estimate_cpu_power
-from calibration.fitting import (COLLECTIVE_OPS, DECODER_WIDTHS, VISION_WIDTHS, bus_factor, build_curve, fit_alpha_beta,
-                                 fit_elementwise, fit_wait_decay)
+from calibration.fitting import (COLLECTIVE_OPS, VISION_WIDTHS, bus_factor, build_curve, decoder_row, fit_alpha_beta,
+                                 fit_elementwise, fit_wait_decay, separated_decoder_widths)
 from models.flops import ATTENTION_BWD_PER_FWD, causal_attention_flops
 from calibration.rawlog import RawResult
 from models.profile import SCHEMA_VERSION, HardwareProfile, parse_profile
@@ -32,8 +32,10 @@ class MissingMeasurements(RuntimeError):
 
 
 # The profile's key and the width's name for each width of an elementwise fit.
-_ELEMENTWISE_KEYS = {"hidden": "per_hidden", "kv_dim": "per_kv", "ffn": "per_ffn"}
-_WIDTH_NAMES = {"hidden": "the hidden size", "kv_dim": "the KV width", "ffn": "the FFN width"}
+_ELEMENTWISE_KEYS = {"hidden": "per_hidden", "attention_dim": "per_attention", "kv_dim": "per_kv", "ffn": "per_ffn",
+                     "qk_norm_dim": "per_qk_norm"}
+_WIDTH_NAMES = {"hidden": "the hidden size", "attention_dim": "the heads' width", "kv_dim": "the KV width",
+                "ffn": "the FFN width", "qk_norm_dim": "the width the q/k norms normalise"}
 
 
 def _q(value: float, unit: str, source: str) -> dict:
@@ -92,9 +94,9 @@ class ProfileBuilder:
         """The reference profile's value at `path` (dotted), re-labelled, or None."""
         if self.ref is None:
             return None
-        node = self.ref.model_dump()
+        node = self.ref.model_dump(exclude_none=True)  # a group's optional members the reference lacks stay unset
         for part in path.split("."):
-            node = node[part]
+            node = node.get(part) if node is not None else None
         return None if node is None else relabel(node, f"from profile '{self.ref.name}' ({why}): ")
 
     def _curve(self, rows, xk, yk, x_unit, y_unit, what) -> dict | None:
@@ -151,15 +153,17 @@ class ProfileBuilder:
     def layer_elementwise(self, bandwidth: float | None) -> dict | None:
         """`gpu.layer_elementwise`: the decoder layers' elementwise seconds fitted as effective bytes
         at `bandwidth`; the reference profile's where not measured here, else None (counted bytes)."""
-        return self._elementwise("layer_elementwise", DECODER_WIDTHS, "harness decoder block", "preset", bandwidth)
+        rows = [decoder_row(r) for r in self.family("layer_elementwise")]
+        return self._elementwise("layer_elementwise", rows, separated_decoder_widths(rows), "harness decoder block",
+                                 "preset", bandwidth)
 
     def vision_elementwise(self, bandwidth: float | None) -> dict | None:
         """`gpu.vision_elementwise`: the same for a ViT block of the vision tower (two widths)."""
-        return self._elementwise("vision_elementwise", VISION_WIDTHS, "ViT block", "shape", bandwidth)
+        return self._elementwise("vision_elementwise", self.family("vision_elementwise"), VISION_WIDTHS, "ViT block",
+                                 "shape", bandwidth)
 
-    def _elementwise(self, family: str, widths: tuple[str, ...], block: str, name_key: str,
+    def _elementwise(self, family: str, rows: list[dict], widths: tuple[str, ...], block: str, name_key: str,
                      bandwidth: float | None) -> dict | None:
-        rows = self.family(family)
         if len(rows) < len(widths) or not bandwidth:
             return self.from_ref(f"gpu.{family}", "not measured in this calibration")
         fit = fit_elementwise(rows, bandwidth, widths)

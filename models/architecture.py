@@ -116,6 +116,11 @@ class Architecture:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def qk_norm_dim(self) -> int:
+        """The width the q/k norms normalise (every head of q and of k); 0 without them."""
+        return self.attention_dim + self.kv_dim if self.qk_norm else 0
+
+    @property
     def layer_tensors(self) -> tuple[int, ...]:
         """Elements of each parameter tensor of one decoder block, in Hugging Face's order, one module
         each: q, k, v, o (GQA), the q and k norms (Qwen3, Gemma 3), gate, up, down (SwiGLU), two

@@ -169,11 +169,14 @@ def _llm_elementwise_bytes_per_token(w: Workload, measured: "LayerElementwise | 
     gradient out).
     """
     a = w.arch
-    h, kv, f, v = a.hidden_size, a.kv_dim, a.intermediate_size, a.vocab_size
-    layer = measured.bytes_per_token(h, kv, f) / 3.0 if measured is not None else counted_layer_bytes_per_token(a)
-    # Qwen3's norms over q and k, Gemma 3's two more over h: counted (read and write) in either case,
-    # since no measured layer had them, so a lower bound of what their unfused kernels move
-    layer += BF16 * 2 * (a.attention_dim + kv) if a.qk_norm else 0.0
+    h, q, kv, f, v = a.hidden_size, a.attention_dim, a.kv_dim, a.intermediate_size, a.vocab_size
+    counted_qk_norms = BF16 * 2 * a.qk_norm_dim  # read and write: a lower bound of their unfused kernels
+    if measured is None:
+        layer = counted_layer_bytes_per_token(a) + counted_qk_norms
+    else:
+        layer = measured.bytes_per_token(h, q, kv, f, a.qk_norm_dim) / 3.0
+        layer += counted_qk_norms if measured.per_qk_norm is None else 0.0
+    # Gemma 3's two more norms over h: counted, since no measured layer had them
     layer += BF16 * 2 * 2 * h if a.sandwich_norms else 0.0
     outside_fwd = BF16 * 2 * 2 * h + loss_bytes_per_vocab(w)[0] * v
     return float(layer), float(outside_fwd)

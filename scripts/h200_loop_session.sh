@@ -6,7 +6,8 @@
 # one archive.
 #   bash scripts/h200_loop_session.sh BUDGET_S STEP [STEP ...]
 # Steps: threads (calibrate CPUAdam at 1..all threads), attention (SDPA at every head dim, for
-# `python -m calibration.merge STATE/h200-attention.raw.jsonl --into data/profiles/h200.json`), refresh (the parameter refresh after a CPU
+# `python -m calibration.merge STATE/h200-attention.raw.jsonl --into data/profiles/h200.json`), layers
+# (the decoder layers' elementwise kernels, Qwen3's with and without their q/k norms), refresh (the parameter refresh after a CPU
 # step at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
 # traced for memory when its name has "memory", profiled one after another, ADVISOR_STEP_PROFILE,
 # when it has "structure", and timed pass by pass one after another, ADVISOR_PHASE_TRACE, when it has
@@ -34,6 +35,11 @@ for step in "$@"; do
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only attention \
         --fill-from data/profiles/h200.json --out "$STATE/h200-attention.json" 2>&1 | grep -i "SDPA\|attention" | tail -n 30 \
         && [ -f "$STATE/h200-attention.raw.jsonl" ] && touch "$STATE/attention.done" ;;
+    layers)
+      [ -f "$STATE/layers.done" ] && continue
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only layer_elementwise \
+        --fill-from data/profiles/h200.json --out "$STATE/h200-layers.json" 2>&1 | grep -i "layer" | tail -n 30 \
+        && [ -f "$STATE/h200-layers.raw.jsonl" ] && touch "$STATE/layers.done" ;;
     refresh)
       [ -f "$STATE/refresh.done" ] && continue
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only param_refresh \

@@ -23,7 +23,10 @@ import torch
 
 from calibration.microbench.common import BenchContext, BenchItem
 
-PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "tinyllama-1.1b", "llama-2-7b")  # 896-4096 hidden, GQA and MHA
+# 896-4096 hidden, GQA and MHA; Qwen3's heads are wider than its hidden size and have q/k norms,
+# each timed also without them (`WITHOUT_QK_NORM`), so that the two widths separate.
+PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "tinyllama-1.1b", "llama-2-7b", "qwen3-0.6b", "qwen3-4b")
+WITHOUT_QK_NORM = "/no-qk-norm"
 ITERATIONS = 3
 
 
@@ -38,8 +41,10 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-# The CPU path's tiny layers (hidden, heads, KV heads, FFN): three, so that three widths can be fitted.
-CPU_SHAPES = {"qwen2.5-0.5b": (64, 4, 1, 320), "qwen2.5-1.5b": (96, 4, 2, 256), "llama-2-7b": (128, 4, 4, 352)}
+# The CPU path's tiny layers (hidden, heads, KV heads, FFN, head dim): with the Qwen3 one's two variants
+# five, so that five widths can be fitted.
+CPU_SHAPES = {"qwen2.5-0.5b": (64, 4, 1, 320, 16), "qwen2.5-1.5b": (96, 4, 2, 256, 24),
+              "llama-2-7b": (128, 4, 4, 352, 32), "qwen3-0.6b": (64, 4, 2, 192, 32)}
 
 
 # ViT blocks (hidden, heads, FFN): the presets' towers (qwen2.5-vl-mini's ViT-B, llava-1.5's ViT-L,
@@ -52,28 +57,35 @@ PATCHES_PER_GROUP = 1024
 
 
 def cases(quick: bool, cpu: bool) -> list[tuple[str, int]]:
-    """(preset, tokens); on the CPU path a tiny layer in each preset's place."""
-    if cpu:
-        return [(p, 64) for p in CPU_SHAPES]
-    tokens = (8192,) if quick else (4096, 16384)
-    return [(p, t) for p in PRESETS for t in tokens]
-
-
-def architecture(preset: str, cpu: bool):
+    """(layer, tokens): each preset's layer, and a layer with q/k norms also without them (its name
+    ends in `WITHOUT_QK_NORM`); on the CPU path a tiny layer in each preset's place."""
     from models.architecture import load_architecture
 
+    presets = tuple(CPU_SHAPES) if cpu else PRESETS
+    layers = [name for p in presets
+              for name in ((p, p + WITHOUT_QK_NORM) if load_architecture(p).qk_norm else (p,))]
+    tokens = (64,) if cpu else (8192,) if quick else (4096, 16384)
+    return [(layer, t) for layer in layers for t in tokens]
+
+
+def architecture(layer: str, cpu: bool):
+    """The Architecture of a layer named by `cases`."""
+    from models.architecture import load_architecture
+
+    preset = layer.removesuffix(WITHOUT_QK_NORM)
     arch = load_architecture(preset)
-    if not cpu:
-        return arch
-    hidden, heads, kv_heads, ffn = CPU_SHAPES[preset]
-    return dataclasses.replace(arch, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, intermediate_size=ffn)
+    if cpu:
+        hidden, heads, kv_heads, ffn, head_dim = CPU_SHAPES[preset]
+        arch = dataclasses.replace(arch, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
+                                   intermediate_size=ffn, config_head_dim=head_dim)
+    return dataclasses.replace(arch, qk_norm=arch.qk_norm and not layer.endswith(WITHOUT_QK_NORM))
 
 
-def bench_layer(ctx: BenchContext, preset: str, tokens: int) -> dict:
+def bench_layer(ctx: BenchContext, layer: str, tokens: int) -> dict:
     """Seconds of one block's forward and backward in each kernel class, averaged over iterations."""
     from calibration.harness.model import DecoderBlock, rope_tables
 
-    arch = architecture(preset, not ctx.is_cuda)
+    arch = architecture(layer, not ctx.is_cuda)
     dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
     block = DecoderBlock(arch, None).to(ctx.device, dtype)
     cos, sin = rope_tables(torch.arange(tokens, device=ctx.device), arch.head_dim)
@@ -81,8 +93,8 @@ def bench_layer(ctx: BenchContext, preset: str, tokens: int) -> dict:
     grad = torch.ones(1, tokens, arch.hidden_size, device=ctx.device, dtype=dtype)
 
     seconds = _kernel_seconds(ctx, lambda: block(x, cos, sin).backward(grad))
-    return {"preset": preset, "hidden": arch.hidden_size, "kv_dim": arch.kv_dim, "ffn": arch.intermediate_size,
-            "tokens": tokens, "gemm_s": seconds["gemm"], "attention_s": seconds["attention"],
+    return {"preset": layer, "hidden": arch.hidden_size, "attention_dim": arch.attention_dim, "kv_dim": arch.kv_dim,
+            "ffn": arch.intermediate_size, "qk_norm_dim": arch.qk_norm_dim, "tokens": tokens, "gemm_s": seconds["gemm"], "attention_s": seconds["attention"],
             "other_s": seconds["other"]}
 
 
@@ -143,10 +155,10 @@ def bench_vision_block(ctx: BenchContext, shape: str, groups: int) -> dict:
 
 def items(ctx: BenchContext) -> list[BenchItem]:
     cpu = not ctx.is_cuda
-    decoder = [BenchItem(f"layer/{preset}/t{tokens}", "layer_elementwise",
-                         lambda c, p=preset, t=tokens: bench_layer(c, p, t),
-                         label=f"decoder layer {preset} at {tokens} tokens")
-               for preset, tokens in cases(ctx.sizes.quick, cpu)]
+    decoder = [BenchItem(f"layer/{layer}/t{tokens}", "layer_elementwise",
+                         lambda c, n=layer, t=tokens: bench_layer(c, n, t),
+                         label=f"decoder layer {layer} at {tokens} tokens")
+               for layer, tokens in cases(ctx.sizes.quick, cpu)]
     vision = [BenchItem(f"vision/{shape}/g{groups}", "vision_elementwise",
                         lambda c, s=shape, g=groups: bench_vision_block(c, s, g),
                         label=f"vision block {shape}, {groups} images")

@@ -2,6 +2,7 @@
 bytes per width, merged into a profile, and used by the cost model in place of the counted bytes."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 import torch
 from cal_helpers import env, gpu_results
 
-from calibration.fitting import VISION_WIDTHS, fit_elementwise
+from calibration.fitting import (DECODER_WIDTHS, VISION_WIDTHS, decoder_row, fit_elementwise,
+                                 separated_decoder_widths)
 from calibration.merge import merged_profile
 from calibration.microbench.common import BenchContext, sizes_for
 from calibration.microbench import layer as layer_module
@@ -22,28 +24,49 @@ from models.profile import parse_profile
 from models.workload import Workload
 
 BANDWIDTH = 4e12
-WIDTHS = [(896, 128, 4864), (1536, 256, 8960), (2048, 256, 11008), (4096, 4096, 11008)]
+# (hidden, heads' width, KV width, FFN, q/k norms' width): four layers with heads as wide as the hidden
+# size and no q/k norms, as the calibration measured before Qwen3; a Qwen3-shaped one with and without
+WIDTHS = [(896, 896, 128, 4864, 0), (1536, 1536, 256, 8960, 0), (2048, 2048, 256, 11008, 0),
+          (4096, 4096, 4096, 11008, 0), (1024, 2048, 1024, 3072, 3072), (1024, 2048, 1024, 3072, 0)]
+BYTES = {"hidden": 650.0, "attention_dim": 90.0, "kv_dim": 120.0, "ffn": 37.0, "qk_norm_dim": 150.0}
 
 
-def layer_rows(per_hidden=650.0, per_kv=120.0, per_ffn=37.0):
-    return [{"preset": f"p{h}", "tokens": t, "hidden": h, "kv_dim": kv, "ffn": f,
-             "other_s": t * (per_hidden * h + per_kv * kv + per_ffn * f) / BANDWIDTH}
-            for h, kv, f in WIDTHS for t in (4096, 16384)]
+def layer_rows(shapes=WIDTHS, per=BYTES):
+    rows = []
+    for h, q, kv, f, qk in shapes:
+        widths = {"hidden": h, "attention_dim": q, "kv_dim": kv, "ffn": f, "qk_norm_dim": qk}
+        for t in (4096, 16384):
+            rows.append({"preset": f"p{h}-{q}-{qk}", "tokens": t, **widths,
+                         "other_s": t * sum(per[k] * widths[k] for k in widths) / BANDWIDTH})
+    return rows
 
 
 def test_the_fit_recovers_each_widths_bytes():
-    fit = fit_elementwise(layer_rows(), BANDWIDTH)
-    assert fit.bytes_per_element == pytest.approx({"hidden": 650.0, "kv_dim": 120.0, "ffn": 37.0}, rel=1e-6)
+    rows = layer_rows()
+    assert separated_decoder_widths(rows) == DECODER_WIDTHS
+    fit = fit_elementwise(rows, BANDWIDTH, DECODER_WIDTHS)
+    assert fit.bytes_per_element == pytest.approx(BYTES, rel=1e-6)
     assert fit.worst_error < 1e-6
 
 
-def test_the_fit_needs_three_layers_and_keeps_bytes_non_negative():
-    with pytest.raises(ValueError, match="at least 3"):
-        fit_elementwise(layer_rows()[:2], BANDWIDTH)
-    rows = layer_rows(per_kv=0.0)
+def test_layers_of_one_kind_separate_three_widths_and_older_rows_read_as_such():
+    """Heads as wide as the hidden size and no q/k norms (every layer measured before Qwen3's): the
+    heads' work is the hidden size's, and the fit has the three widths it can tell apart."""
+    old = [{k: v for k, v in r.items() if k not in ("attention_dim", "qk_norm_dim")} for r in layer_rows(WIDTHS[:4])]
+    rows = [decoder_row(r) for r in old]
+    widths = separated_decoder_widths(rows)
+    assert widths == ("hidden", "kv_dim", "ffn")
+    fit = fit_elementwise(rows, BANDWIDTH, widths)
+    assert fit.bytes_per_element == pytest.approx({"hidden": 740.0, "kv_dim": 120.0, "ffn": 37.0}, rel=1e-6)
+
+
+def test_the_fit_needs_as_many_layers_as_widths_and_keeps_bytes_non_negative():
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_elementwise(layer_rows()[:4], BANDWIDTH, DECODER_WIDTHS)
+    rows = layer_rows(per=dict(BYTES, kv_dim=0.0))
     for r in rows:
         r["other_s"] *= 1.0 - 0.3 * r["kv_dim"] / r["hidden"]  # more KV, less time: unphysical
-    fit = fit_elementwise(rows, BANDWIDTH)
+    fit = fit_elementwise(rows, BANDWIDTH, DECODER_WIDTHS)
     assert min(fit.bytes_per_element.values()) >= 0.0
 
 
@@ -58,8 +81,23 @@ def test_kernels_are_classed_by_name():
 def test_the_cpu_path_times_every_class_of_a_harness_block():
     ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
     row = bench_layer(ctx, "qwen2.5-0.5b", 64)
-    assert (row["hidden"], row["kv_dim"], row["ffn"], row["tokens"]) == (64, 16, 320, 64)
+    assert (row["hidden"], row["attention_dim"], row["kv_dim"], row["ffn"], row["qk_norm_dim"], row["tokens"]) == (
+        64, 64, 16, 320, 0, 64)
     assert row["gemm_s"] > 0 and row["other_s"] > 0 and row["attention_s"] >= 0
+
+
+def test_a_layer_with_q_k_norms_is_timed_with_and_without_them():
+    layers = [layer for layer, _ in layer_module.cases(quick=False, cpu=False)]
+    assert {"qwen3-4b", "qwen3-4b" + layer_module.WITHOUT_QK_NORM} <= set(layers)
+    assert "qwen2.5-3b" + layer_module.WITHOUT_QK_NORM not in layers  # nothing to leave out
+    ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
+    cpu_layers = [layer for layer, _ in layer_module.cases(quick=True, cpu=True)]
+    with_norms, without = (bench_layer(ctx, layer, 64) for layer in cpu_layers if layer.startswith("qwen3"))
+    assert (with_norms["attention_dim"], with_norms["kv_dim"], with_norms["qk_norm_dim"]) == (128, 64, 192)
+    assert (without["attention_dim"], without["qk_norm_dim"]) == (128, 0)
+    assert with_norms["preset"] == without["preset"].removesuffix(layer_module.WITHOUT_QK_NORM)
+    # the CPU path's layers separate every width
+    assert len(cpu_layers) >= len(DECODER_WIDTHS)
 
 
 def test_the_cpu_path_times_a_vit_block_forward_and_backward_and_forward_alone(monkeypatch):
@@ -140,7 +178,20 @@ def test_merged_layers_replace_the_counted_bytes_in_predictions(tmp_path):
     w = Workload(arch, 8192)
     counted = micro_step_work(w, 1, 1, 0)
     measured = micro_step_work(w, 1, 1, 0, merged.gpu.layer_elementwise)
-    per_layer = merged.gpu.layer_elementwise.bytes_per_token(arch.hidden_size, arch.kv_dim, arch.intermediate_size) / 3
+    layer = merged.gpu.layer_elementwise
+    per_layer = (layer.per_hidden.value * arch.hidden_size + layer.per_attention.value * arch.attention_dim
+                 + layer.per_kv.value * arch.kv_dim + layer.per_ffn.value * arch.intermediate_size) / 3
     extra = 8192 * arch.num_layers * (per_layer - counted_layer_bytes_per_token(arch))
     np.testing.assert_allclose(measured.elem_fwd_bytes - counted.elem_fwd_bytes, extra, rtol=1e-9)
     np.testing.assert_allclose(measured.elem_bwd_bytes - counted.elem_bwd_bytes, 2 * extra, rtol=1e-9)
+
+    # Qwen3's q/k norms: their measured bytes where the calibration separated them, in place of the counted
+    qwen3 = load_architecture("qwen3-4b")
+    w3 = Workload(qwen3, 8192)
+    with_norms = micro_step_work(w3, 1, 1, 0, layer).elem_fwd_bytes
+    without = micro_step_work(Workload(dataclasses.replace(qwen3, qk_norm=False), 8192), 1, 1, 0, layer).elem_fwd_bytes
+    np.testing.assert_allclose(with_norms - without, 8192 * qwen3.num_layers * layer.per_qk_norm.value * (4096 + 1024) / 3,
+                               rtol=1e-9)
+    unseparated = layer.model_copy(update={"per_qk_norm": None})
+    counted_norms = micro_step_work(w3, 1, 1, 0, unseparated).elem_fwd_bytes - without
+    np.testing.assert_allclose(counted_norms, 8192 * qwen3.num_layers * 2 * 2 * (4096 + 1024), rtol=1e-9)
