@@ -125,8 +125,11 @@ def gemm_flops(m: int, n: int, k: int) -> float:
 
 
 # A decoder layer: hidden size, the heads' width (q, o: Qwen3's is not the hidden size), KV width (GQA),
-# FFN width, and the width its q/k norms run over (q + KV where it has them, else 0).
-DECODER_WIDTHS = ("hidden", "attention_dim", "kv_dim", "ffn", "qk_norm_dim")
+# FFN width, the width its q/k norms run over (q + KV where it has them, else 0) and its sandwich
+# norms' (2 x hidden where it has them, else 0).
+DECODER_WIDTHS = ("hidden", "attention_dim", "kv_dim", "ffn", "qk_norm_dim", "sandwich_norm_dim")
+# Widths a layer may lack (0): a fit separates them only where some measured layer has them.
+OPTIONAL_DECODER_WIDTHS = ("qk_norm_dim", "sandwich_norm_dim")
 VISION_WIDTHS = ("hidden", "ffn")  # a ViT block: fused QKV over all heads, no KV width of its own
 
 
@@ -140,16 +143,16 @@ class ElementwiseFit:
 
 def decoder_row(row: dict) -> dict:
     """A measured decoder block with every width of `DECODER_WIDTHS`: blocks measured before the heads'
-    width and the q/k norms were recorded had heads as wide as the hidden size and no q/k norms."""
-    return {"attention_dim": row["hidden"], "qk_norm_dim": 0, **row}
+    width and the norms were recorded had heads as wide as the hidden size and neither kind of norm."""
+    return {"attention_dim": row["hidden"], **{w: 0 for w in OPTIONAL_DECODER_WIDTHS}, **row}
 
 
 def separated_decoder_widths(rows: list[dict]) -> tuple[str, ...]:
     """The widths of `DECODER_WIDTHS` that `rows` (`decoder_row`s) can tell apart: the heads' width only
-    where some block's differs from its hidden size, the q/k norms' only where some block has them."""
+    where some block's differs from its hidden size, a kind of norm only where some block has it."""
     return tuple(w for w in DECODER_WIDTHS
                  if not (w == "attention_dim" and all(r["attention_dim"] == r["hidden"] for r in rows))
-                 and not (w == "qk_norm_dim" and not any(r["qk_norm_dim"] for r in rows)))
+                 and not (w in OPTIONAL_DECODER_WIDTHS and not any(r[w] for r in rows)))
 
 
 def fit_elementwise(rows: list[dict], bandwidth: float, widths: tuple[str, ...] = DECODER_WIDTHS) -> ElementwiseFit:

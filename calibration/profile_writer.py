@@ -33,9 +33,10 @@ class MissingMeasurements(RuntimeError):
 
 # The profile's key and the width's name for each width of an elementwise fit.
 _ELEMENTWISE_KEYS = {"hidden": "per_hidden", "attention_dim": "per_attention", "kv_dim": "per_kv", "ffn": "per_ffn",
-                     "qk_norm_dim": "per_qk_norm"}
+                     "qk_norm_dim": "per_qk_norm", "sandwich_norm_dim": "per_sandwich_norm"}
 _WIDTH_NAMES = {"hidden": "the hidden size", "attention_dim": "the heads' width", "kv_dim": "the KV width",
-                "ffn": "the FFN width", "qk_norm_dim": "the width the q/k norms normalise"}
+                "ffn": "the FFN width", "qk_norm_dim": "the width the q/k norms normalise",
+                "sandwich_norm_dim": "the width the sandwich norms normalise"}
 
 
 def _q(value: float, unit: str, source: str) -> dict:

@@ -121,6 +121,11 @@ class Architecture:
         return self.attention_dim + self.kv_dim if self.qk_norm else 0
 
     @property
+    def sandwich_norm_dim(self) -> int:
+        """The width Gemma 3's two sandwich norms normalise (the attention's and the MLP's outputs); 0 without."""
+        return 2 * self.hidden_size if self.sandwich_norms else 0
+
+    @property
     def layer_tensors(self) -> tuple[int, ...]:
         """Elements of each parameter tensor of one decoder block, in Hugging Face's order, one module
         each: q, k, v, o (GQA), the q and k norms (Qwen3, Gemma 3), gate, up, down (SwiGLU), two

@@ -170,14 +170,14 @@ def _llm_elementwise_bytes_per_token(w: Workload, measured: "LayerElementwise | 
     """
     a = w.arch
     h, q, kv, f, v = a.hidden_size, a.attention_dim, a.kv_dim, a.intermediate_size, a.vocab_size
-    counted_qk_norms = BF16 * 2 * a.qk_norm_dim  # read and write: a lower bound of their unfused kernels
+    # the norms' counted bytes (read and write): a lower bound of their unfused kernels
+    counted_qk_norms, counted_sandwich_norms = BF16 * 2 * a.qk_norm_dim, BF16 * 2 * a.sandwich_norm_dim
     if measured is None:
-        layer = counted_layer_bytes_per_token(a) + counted_qk_norms
+        layer = counted_layer_bytes_per_token(a) + counted_qk_norms + counted_sandwich_norms
     else:
-        layer = measured.bytes_per_token(h, q, kv, f, a.qk_norm_dim) / 3.0
+        layer = measured.bytes_per_token(h, q, kv, f, a.qk_norm_dim, a.sandwich_norm_dim) / 3.0
         layer += counted_qk_norms if measured.per_qk_norm is None else 0.0
-    # Gemma 3's two more norms over h: counted, since no measured layer had them
-    layer += BF16 * 2 * 2 * h if a.sandwich_norms else 0.0
+        layer += counted_sandwich_norms if measured.per_sandwich_norm is None else 0.0
     outside_fwd = BF16 * 2 * 2 * h + loss_bytes_per_vocab(w)[0] * v
     return float(layer), float(outside_fwd)
 

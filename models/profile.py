@@ -121,19 +121,22 @@ class LayerElementwise(_Strict):
     effective bytes per token for each element of its widths, forward and backward together, at the
     profile's HBM bandwidth (calibration family layer_elementwise: the kernels' measured time).
 
-    `per_attention` (the heads' width) and `per_qk_norm` (q + KV, where a layer has q/k norms) are
-    None where the calibration's layers could not separate them: heads as wide as the hidden size,
-    whose work `per_hidden` then holds, and no q/k norms, whose bytes are then counted."""
+    `per_attention` (the heads' width), `per_qk_norm` (q + KV, where a layer has q/k norms) and
+    `per_sandwich_norm` (2 x hidden, where it has Gemma 3's sandwich norms) are None where the
+    calibration's layers could not separate them: heads as wide as the hidden size, whose work
+    `per_hidden` then holds, and no such norms, whose bytes are then counted (`models.flops`)."""
 
     per_hidden: Bytes
     per_kv: Bytes
     per_ffn: Bytes
     per_attention: Bytes | None = None
     per_qk_norm: Bytes | None = None
+    per_sandwich_norm: Bytes | None = None
 
-    def bytes_per_token(self, hidden, attention_dim, kv_dim, ffn, qk_norm_dim=0) -> float:
-        """The measured bytes; a q/k norm's are left out where `per_qk_norm` is None."""
-        separated = ((self.per_attention, attention_dim), (self.per_qk_norm, qk_norm_dim))
+    def bytes_per_token(self, hidden, attention_dim, kv_dim, ffn, qk_norm_dim=0, sandwich_norm_dim=0) -> float:
+        """The measured bytes; a kind of norm's are left out where its own bytes are None."""
+        separated = ((self.per_attention, attention_dim), (self.per_qk_norm, qk_norm_dim),
+                     (self.per_sandwich_norm, sandwich_norm_dim))
         return (self.per_hidden.value * hidden + self.per_kv.value * kv_dim + self.per_ffn.value * ffn
                 + sum(per.value * width for per, width in separated if per is not None))
 

@@ -23,10 +23,13 @@ import torch
 
 from calibration.microbench.common import BenchContext, BenchItem
 
-# 896-4096 hidden, GQA and MHA; Qwen3's heads are wider than its hidden size and have q/k norms,
-# each timed also without them (`WITHOUT_QK_NORM`), so that the two widths separate.
+# 896-4096 hidden, GQA and MHA; Qwen3's heads are wider than its hidden size and have q/k norms. A
+# layer with q/k norms is timed also without them and also with Gemma 3's sandwich norms added (its
+# variants, by name suffix), so that the heads' and each kind of norm's widths separate.
 PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "tinyllama-1.1b", "llama-2-7b", "qwen3-0.6b", "qwen3-4b")
 WITHOUT_QK_NORM = "/no-qk-norm"
+WITH_SANDWICH_NORMS = "/sandwich-norms"
+VARIANTS = {WITHOUT_QK_NORM: {"qk_norm": False}, WITH_SANDWICH_NORMS: {"sandwich_norms": True}}
 ITERATIONS = 3
 
 
@@ -41,8 +44,8 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-# The CPU path's tiny layers (hidden, heads, KV heads, FFN, head dim): with the Qwen3 one's two variants
-# five, so that five widths can be fitted.
+# The CPU path's tiny layers (hidden, heads, KV heads, FFN, head dim): with the Qwen3 one's variants
+# six, so that six widths can be fitted.
 CPU_SHAPES = {"qwen2.5-0.5b": (64, 4, 1, 320, 16), "qwen2.5-1.5b": (96, 4, 2, 256, 24),
               "llama-2-7b": (128, 4, 4, 352, 32), "qwen3-0.6b": (64, 4, 2, 192, 32)}
 
@@ -57,13 +60,13 @@ PATCHES_PER_GROUP = 1024
 
 
 def cases(quick: bool, cpu: bool) -> list[tuple[str, int]]:
-    """(layer, tokens): each preset's layer, and a layer with q/k norms also without them (its name
-    ends in `WITHOUT_QK_NORM`); on the CPU path a tiny layer in each preset's place."""
+    """(layer, tokens): each preset's layer, and a layer with q/k norms also in its `VARIANTS` (named by
+    their suffix); on the CPU path a tiny layer in each preset's place."""
     from models.architecture import load_architecture
 
     presets = tuple(CPU_SHAPES) if cpu else PRESETS
     layers = [name for p in presets
-              for name in ((p, p + WITHOUT_QK_NORM) if load_architecture(p).qk_norm else (p,))]
+              for name in ((p, *(p + suffix for suffix in VARIANTS)) if load_architecture(p).qk_norm else (p,))]
     tokens = (64,) if cpu else (8192,) if quick else (4096, 16384)
     return [(layer, t) for layer in layers for t in tokens]
 
@@ -72,13 +75,14 @@ def architecture(layer: str, cpu: bool):
     """The Architecture of a layer named by `cases`."""
     from models.architecture import load_architecture
 
-    preset = layer.removesuffix(WITHOUT_QK_NORM)
+    preset, variant = next(((layer.removesuffix(s), changes) for s, changes in VARIANTS.items() if layer.endswith(s)),
+                           (layer, {}))
     arch = load_architecture(preset)
     if cpu:
         hidden, heads, kv_heads, ffn, head_dim = CPU_SHAPES[preset]
         arch = dataclasses.replace(arch, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
                                    intermediate_size=ffn, config_head_dim=head_dim)
-    return dataclasses.replace(arch, qk_norm=arch.qk_norm and not layer.endswith(WITHOUT_QK_NORM))
+    return dataclasses.replace(arch, **variant)
 
 
 def bench_layer(ctx: BenchContext, layer: str, tokens: int) -> dict:
@@ -94,8 +98,8 @@ def bench_layer(ctx: BenchContext, layer: str, tokens: int) -> dict:
 
     seconds = _kernel_seconds(ctx, lambda: block(x, cos, sin).backward(grad))
     return {"preset": layer, "hidden": arch.hidden_size, "attention_dim": arch.attention_dim, "kv_dim": arch.kv_dim,
-            "ffn": arch.intermediate_size, "qk_norm_dim": arch.qk_norm_dim, "tokens": tokens, "gemm_s": seconds["gemm"], "attention_s": seconds["attention"],
-            "other_s": seconds["other"]}
+            "ffn": arch.intermediate_size, "qk_norm_dim": arch.qk_norm_dim, "sandwich_norm_dim": arch.sandwich_norm_dim,
+            "tokens": tokens, "gemm_s": seconds["gemm"], "attention_s": seconds["attention"], "other_s": seconds["other"]}
 
 
 def vision_cases(quick: bool, cpu: bool) -> list[tuple[str, int]]:

@@ -24,17 +24,21 @@ from models.profile import parse_profile
 from models.workload import Workload
 
 BANDWIDTH = 4e12
-# (hidden, heads' width, KV width, FFN, q/k norms' width): four layers with heads as wide as the hidden
-# size and no q/k norms, as the calibration measured before Qwen3; a Qwen3-shaped one with and without
-WIDTHS = [(896, 896, 128, 4864, 0), (1536, 1536, 256, 8960, 0), (2048, 2048, 256, 11008, 0),
-          (4096, 4096, 4096, 11008, 0), (1024, 2048, 1024, 3072, 3072), (1024, 2048, 1024, 3072, 0)]
-BYTES = {"hidden": 650.0, "attention_dim": 90.0, "kv_dim": 120.0, "ffn": 37.0, "qk_norm_dim": 150.0}
+# (hidden, heads' width, KV width, FFN, q/k norms' width, sandwich norms' width): four layers with heads
+# as wide as the hidden size and no such norms, as the calibration measured before Qwen3; a Qwen3-shaped
+# one as it is, without its q/k norms and with sandwich norms added
+WIDTHS = [(896, 896, 128, 4864, 0, 0), (1536, 1536, 256, 8960, 0, 0), (2048, 2048, 256, 11008, 0, 0),
+          (4096, 4096, 4096, 11008, 0, 0), (1024, 2048, 1024, 3072, 3072, 0), (1024, 2048, 1024, 3072, 0, 0),
+          (1024, 2048, 1024, 3072, 3072, 2048)]
+BYTES = {"hidden": 650.0, "attention_dim": 90.0, "kv_dim": 120.0, "ffn": 37.0, "qk_norm_dim": 150.0,
+         "sandwich_norm_dim": 110.0}
 
 
 def layer_rows(shapes=WIDTHS, per=BYTES):
     rows = []
-    for h, q, kv, f, qk in shapes:
-        widths = {"hidden": h, "attention_dim": q, "kv_dim": kv, "ffn": f, "qk_norm_dim": qk}
+    for h, q, kv, f, qk, sandwich in shapes:
+        widths = {"hidden": h, "attention_dim": q, "kv_dim": kv, "ffn": f, "qk_norm_dim": qk,
+                  "sandwich_norm_dim": sandwich}
         for t in (4096, 16384):
             rows.append({"preset": f"p{h}-{q}-{qk}", "tokens": t, **widths,
                          "other_s": t * sum(per[k] * widths[k] for k in widths) / BANDWIDTH})
@@ -52,7 +56,8 @@ def test_the_fit_recovers_each_widths_bytes():
 def test_layers_of_one_kind_separate_three_widths_and_older_rows_read_as_such():
     """Heads as wide as the hidden size and no q/k norms (every layer measured before Qwen3's): the
     heads' work is the hidden size's, and the fit has the three widths it can tell apart."""
-    old = [{k: v for k, v in r.items() if k not in ("attention_dim", "qk_norm_dim")} for r in layer_rows(WIDTHS[:4])]
+    old = [{k: v for k, v in r.items() if k not in ("attention_dim", "qk_norm_dim", "sandwich_norm_dim")}
+           for r in layer_rows(WIDTHS[:4])]
     rows = [decoder_row(r) for r in old]
     widths = separated_decoder_widths(rows)
     assert widths == ("hidden", "kv_dim", "ffn")
@@ -61,8 +66,8 @@ def test_layers_of_one_kind_separate_three_widths_and_older_rows_read_as_such():
 
 
 def test_the_fit_needs_as_many_layers_as_widths_and_keeps_bytes_non_negative():
-    with pytest.raises(ValueError, match="at least 5"):
-        fit_elementwise(layer_rows()[:4], BANDWIDTH, DECODER_WIDTHS)
+    with pytest.raises(ValueError, match="at least 6"):
+        fit_elementwise(layer_rows()[:5], BANDWIDTH, DECODER_WIDTHS)
     rows = layer_rows(per=dict(BYTES, kv_dim=0.0))
     for r in rows:
         r["other_s"] *= 1.0 - 0.3 * r["kv_dim"] / r["hidden"]  # more KV, less time: unphysical
@@ -86,16 +91,18 @@ def test_the_cpu_path_times_every_class_of_a_harness_block():
     assert row["gemm_s"] > 0 and row["other_s"] > 0 and row["attention_s"] >= 0
 
 
-def test_a_layer_with_q_k_norms_is_timed_with_and_without_them():
+def test_a_layer_with_q_k_norms_is_timed_without_them_and_with_sandwich_norms():
+    without_qk, sandwich = layer_module.WITHOUT_QK_NORM, layer_module.WITH_SANDWICH_NORMS
     layers = [layer for layer, _ in layer_module.cases(quick=False, cpu=False)]
-    assert {"qwen3-4b", "qwen3-4b" + layer_module.WITHOUT_QK_NORM} <= set(layers)
-    assert "qwen2.5-3b" + layer_module.WITHOUT_QK_NORM not in layers  # nothing to leave out
+    assert {"qwen3-4b", "qwen3-4b" + without_qk, "qwen3-4b" + sandwich} <= set(layers)
+    assert "qwen2.5-3b" + without_qk not in layers  # nothing to leave out
     ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
     cpu_layers = [layer for layer, _ in layer_module.cases(quick=True, cpu=True)]
-    with_norms, without = (bench_layer(ctx, layer, 64) for layer in cpu_layers if layer.startswith("qwen3"))
-    assert (with_norms["attention_dim"], with_norms["kv_dim"], with_norms["qk_norm_dim"]) == (128, 64, 192)
-    assert (without["attention_dim"], without["qk_norm_dim"]) == (128, 0)
-    assert with_norms["preset"] == without["preset"].removesuffix(layer_module.WITHOUT_QK_NORM)
+    as_is, without, with_sandwich = (bench_layer(ctx, layer, 64) for layer in cpu_layers if layer.startswith("qwen3"))
+    assert (as_is["attention_dim"], as_is["kv_dim"], as_is["qk_norm_dim"], as_is["sandwich_norm_dim"]) == (128, 64, 192, 0)
+    assert (without["attention_dim"], without["qk_norm_dim"], without["sandwich_norm_dim"]) == (128, 0, 0)
+    assert (with_sandwich["qk_norm_dim"], with_sandwich["sandwich_norm_dim"]) == (192, 128)
+    assert as_is["preset"] == without["preset"].removesuffix(without_qk) == with_sandwich["preset"].removesuffix(sandwich)
     # the CPU path's layers separate every width
     assert len(cpu_layers) >= len(DECODER_WIDTHS)
 
@@ -195,3 +202,8 @@ def test_merged_layers_replace_the_counted_bytes_in_predictions(tmp_path):
     unseparated = layer.model_copy(update={"per_qk_norm": None})
     counted_norms = micro_step_work(w3, 1, 1, 0, unseparated).elem_fwd_bytes - without
     np.testing.assert_allclose(counted_norms, 8192 * qwen3.num_layers * 2 * 2 * (4096 + 1024), rtol=1e-9)
+    # Gemma 3's sandwich norms (over 2 x 2560), likewise
+    gemma_like = micro_step_work(Workload(dataclasses.replace(qwen3, sandwich_norms=True), 8192), 1, 1, 0,
+                                 layer).elem_fwd_bytes
+    np.testing.assert_allclose(gemma_like - with_norms,
+                               8192 * qwen3.num_layers * layer.per_sandwich_norm.value * 2 * 2560 / 3, rtol=1e-9)
