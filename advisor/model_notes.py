@@ -3,7 +3,8 @@ prediction made by extrapolation as one.
 
 The attention rate depends on the head dim (SDPA's kernels tile by it); a profile measures it at a
 few head dims and takes a head dim beyond them at the nearest one's rate (`models.profile.Curve`
-clamps). Gemma's heads of 256 were timed at 128's rate by the shipped h200 (calibrated at 64 and 128).
+clamps). The shipped h200 measured 64-256 (machine CB, 2026-12-05); before it, Gemma's heads of 256 were
+timed at 128's rate.
 """
 from __future__ import annotations
 

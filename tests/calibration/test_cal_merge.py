@@ -126,16 +126,23 @@ def test_the_wait_decay_is_merged_toward_the_profiles_wait_power(tmp_path):
     assert merged.power.gpu.wait == parse_profile(json.loads(base.read_text())).power.gpu.wait
 
 
-def test_the_shipped_head_dim_ratios_are_what_merging_their_raw_file_gives():
-    """h200's attention rate against head dim comes from its own calibration's raw file."""
+def test_the_shipped_head_dim_ratios_and_layer_kernels_are_what_merging_their_raw_files_gives():
+    """h200's attention rate against head dim and its decoder layers' elementwise bytes come from the
+    raw files of their own calibrations (machines CB and CC, 2026-12-05)."""
     repo = Path(__file__).resolve().parents[2]
     shipped = parse_profile(json.loads((repo / "data" / "profiles" / "h200.json").read_text())).gpu
-    merged = parse_profile(merged_profile(repo / "data" / "profiles" / "h200.raw.jsonl", "h200")).gpu
+    calibrations = repo / "data" / "calibration"
+    attention = "h200-x1-attention-head-dims-2026-12-05-CB.raw.jsonl"
+    merged = parse_profile(merged_profile(calibrations / attention, "h200")).gpu
     for side in ("attention_fwd_head_dim_ratio", "attention_bwd_head_dim_ratio"):
-        assert getattr(merged, side).x == getattr(shipped, side).x == [64.0, 128.0]
+        assert getattr(merged, side).x == getattr(shipped, side).x == [64.0, 72.0, 80.0, 96.0, 128.0, 256.0]
         assert getattr(merged, side).y == getattr(shipped, side).y
-        assert getattr(merged, side).source.startswith("h200.raw.jsonl")
-
+        assert attention in getattr(shipped, side).source
+    layers = "h200-x1-layers-qk-norm-2026-12-05-CC.raw.jsonl"
+    merged = parse_profile(merged_profile(calibrations / layers, "h200")).gpu.layer_elementwise
+    for width in ("per_hidden", "per_attention", "per_kv", "per_ffn", "per_qk_norm"):
+        assert getattr(merged, width).value == getattr(shipped.layer_elementwise, width).value
+        assert layers in getattr(shipped.layer_elementwise, width).source
 
 
 @pytest.mark.parametrize("raw_text", [None, "{}\n"])
