@@ -128,7 +128,7 @@ def test_the_wait_decay_is_merged_toward_the_profiles_wait_power(tmp_path):
 
 def test_the_shipped_head_dim_ratios_and_layer_kernels_are_what_merging_their_raw_files_gives():
     """h200's attention rate against head dim and its decoder layers' elementwise bytes come from the
-    raw files of their own calibrations (machines CB and CC, 2026-12-05)."""
+    raw files of their own calibrations (machines CB and CD, 2026-12-05)."""
     repo = Path(__file__).resolve().parents[2]
     shipped = parse_profile(json.loads((repo / "data" / "profiles" / "h200.json").read_text())).gpu
     calibrations = repo / "data" / "calibration"
@@ -138,9 +138,9 @@ def test_the_shipped_head_dim_ratios_and_layer_kernels_are_what_merging_their_ra
         assert getattr(merged, side).x == getattr(shipped, side).x == [64.0, 72.0, 80.0, 96.0, 128.0, 256.0]
         assert getattr(merged, side).y == getattr(shipped, side).y
         assert attention in getattr(shipped, side).source
-    layers = "h200-x1-layers-qk-norm-2026-12-05-CC.raw.jsonl"
+    layers = "h200-x1-layers-norms-2026-12-05-CD.raw.jsonl"
     merged = parse_profile(merged_profile(calibrations / layers, "h200")).gpu.layer_elementwise
-    for width in ("per_hidden", "per_attention", "per_kv", "per_ffn", "per_qk_norm"):
+    for width in ("per_hidden", "per_attention", "per_kv", "per_ffn", "per_qk_norm", "per_sandwich_norm"):
         assert getattr(merged, width).value == getattr(shipped.layer_elementwise, width).value
         assert layers in getattr(shipped.layer_elementwise, width).source
 
