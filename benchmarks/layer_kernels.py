@@ -4,7 +4,8 @@ ViT block's elementwise kernels against their counted and their measured bytes.
     python benchmarks/layer_kernels.py [RAW.jsonl] [--json]
 
 RAW is an `advisor calibrate --only layer_elementwise` raw file (default: the H200 one of
-2026-12-01 in data/calibration). For each measured layer (one harness decoder block's forward and
+2026-12-05, machine CD, in data/calibration, whose layers include Qwen3's with and without their q/k
+norms and with sandwich norms added). For each measured layer (one harness decoder block's forward and
 backward, torch.profiler) it prints the GEMMs against the profile's GEMM curve, the attention core
 against its curves, and the rest (norms, RoPE, activation, residuals, casts, copies) against the
 bytes counted from the ops and against the shipped profile's measured bytes (`gpu.layer_elementwise`),
@@ -25,29 +26,31 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from calibration.fitting import VISION_WIDTHS, fit_elementwise  # noqa: E402
+from calibration.fitting import (VISION_WIDTHS, decoder_row, fit_elementwise,  # noqa: E402
+                                 separated_decoder_widths)
+from calibration.microbench.layer import architecture  # noqa: E402
 from calibration.rawlog import RawLogMismatch, read_raw  # noqa: E402
-from models.architecture import load_architecture  # noqa: E402
-from models.flops import counted_layer_bytes_per_token, counted_vit_block_bytes_per_token, micro_step_work  # noqa: E402
+from models.flops import (counted_vit_block_bytes_per_token, layer_elementwise_bytes_per_token,  # noqa: E402
+                          micro_step_work)
 from models.profile import load_profile  # noqa: E402
 from models.workload import Workload  # noqa: E402
 
-DEFAULT_RAW = REPO / "data" / "calibration" / "h200-x1-layer-elementwise-2026-12-01.raw.jsonl"
+DEFAULT_RAW = REPO / "data" / "calibration" / "h200-x1-layers-norms-2026-12-05-CD.raw.jsonl"
 
 
 def modeled_s(row: dict, profile) -> dict:
     """GEMM and attention seconds of the measured layer at the profile's curves (efficiency 1)."""
-    arch = load_architecture(row["preset"])
+    arch = architecture(row["preset"], cpu=False)
     work = micro_step_work(Workload(arch, row["tokens"]), 1, 1, 0)
     gemm = sum(float(g.fwd_flops + g.bwd_flops) / float(profile.gpu.gemm_bf16(g.flops_per_call))
                for g in work.gemms if g.name != "lm_head") / arch.num_layers
     af, ab = profile.gpu.attention_rates(row["tokens"], arch.head_dim)
     attention = float(work.attn_fwd_flops / af + work.attn_bwd_flops / ab) / arch.num_layers
     bandwidth = profile.gpu.hbm_bandwidth.value
-    counted = 3.0 * row["tokens"] * counted_layer_bytes_per_token(arch) / bandwidth
+    counted = 3.0 * row["tokens"] * layer_elementwise_bytes_per_token(arch) / bandwidth
     measured = profile.gpu.layer_elementwise
-    shipped = (row["tokens"] * measured.bytes_per_token(arch.hidden_size, arch.kv_dim, arch.intermediate_size)
-               / bandwidth if measured is not None else None)
+    shipped = (3.0 * row["tokens"] * layer_elementwise_bytes_per_token(arch, measured) / bandwidth
+               if measured is not None else None)
     return {"gemm_s": gemm, "attention_s": attention, "counted_other_s": counted, "profile_other_s": shipped}
 
 
@@ -64,12 +67,13 @@ def main(argv=None) -> int:
     except (ValueError, RawLogMismatch) as exc:
         print(f"layer_kernels: {args.raw} is not a calibration raw file ({exc})", file=sys.stderr)
         return 2
-    rows = [r.data for r in results.values() if r.family == "layer_elementwise" and r.status == "ok"]
-    if len(rows) < 3:
-        print(f"layer_kernels: {args.raw} holds {len(rows)} measured layers; need 3", file=sys.stderr)
+    rows = [decoder_row(r.data) for r in results.values() if r.family == "layer_elementwise" and r.status == "ok"]
+    widths = separated_decoder_widths(rows)
+    if len(rows) < len(widths):
+        print(f"layer_kernels: {args.raw} holds {len(rows)} measured layers; need {len(widths)}", file=sys.stderr)
         return 2
     profile = load_profile("h200")
-    fit = fit_elementwise(rows, profile.gpu.hbm_bandwidth.value)
+    fit = fit_elementwise(rows, profile.gpu.hbm_bandwidth.value, widths)
     out = [{**r, **{f"modeled_{k}": v for k, v in modeled_s(r, profile).items()}} for r in rows]
     if args.json:
         print(json.dumps({"raw": str(args.raw), "fit": fit.__dict__, "rows": out}, indent=1))
@@ -84,9 +88,9 @@ def main(argv=None) -> int:
                       "-" if r["modeled_profile_other_s"] is None else f"{r['modeled_profile_other_s'] * 1e3:.2f}")
     console = Console(width=max(110, Console().width))
     console.print(table)
-    per = fit.bytes_per_element
-    console.print(f"{args.raw.name}'s own fit: {per['hidden']:.0f} / {per['kv_dim']:.0f} / {per['ffn']:.0f} bytes per token per element of "
-                  f"hidden / KV / FFN width, worst layer {fit.worst_error:.1%} off")
+    per = ", ".join(f"{width} {value:.0f}" for width, value in fit.bytes_per_element.items())
+    console.print(f"{args.raw.name}'s own fit, bytes per token per element of each width: {per}; worst layer "
+                  f"{fit.worst_error:.1%} off")
     vit_rows = [r.data for r in results.values() if r.family == "vision_elementwise" and r.status == "ok"]
     if len(vit_rows) >= len(VISION_WIDTHS):
         print_vision(console, vit_rows, profile, args.raw.name)

@@ -156,30 +156,35 @@ def counted_vit_block_bytes_per_token(hidden, ffn, gated_mlp=False) -> float:
     return float(8 * hidden + act + 12 * hidden)
 
 
-def _llm_elementwise_bytes_per_token(w: Workload, measured: "LayerElementwise | None" = None) -> tuple[float, float]:
-    """(per decoder layer, outside the layers) forward bytes per token.
+def layer_elementwise_bytes_per_token(a, measured: "LayerElementwise | None" = None) -> float:
+    """A decoder layer's elementwise forward bytes per token.
 
-    Per layer, where the profile measured its layer's kernels (`measured`): a third of their
-    effective bytes (backward is counted as twice forward). Otherwise the bytes counted from the ops:
-    two RMSNorms (read h, write h), RoPE on q and k (read and write q + kv), SwiGLU (read gate and
-    up, write f), two residual adds (read 2h, write h); unfused fp32 kernels take several times that.
-    Outside: embedding lookup and final norm (4h each) and the loss on the logits
-    (`loss_bytes_per_vocab`).
-    Backward moves about twice the forward's bytes (saved input + incoming gradient in,
-    gradient out).
-    """
-    a = w.arch
-    h, q, kv, f, v = a.hidden_size, a.attention_dim, a.kv_dim, a.intermediate_size, a.vocab_size
+    Where the profile measured its layer's kernels (`measured`): a third of their effective bytes
+    (backward is counted as twice forward). Otherwise the bytes counted from the ops: two RMSNorms
+    (read h, write h), RoPE on q and k (read and write q + kv), SwiGLU (read gate and up, write f),
+    two residual adds (read 2h, write h); unfused fp32 kernels take several times that. The q/k and
+    sandwich norms: their measured bytes where `measured` separated them, else counted."""
+    h, q, kv, f = a.hidden_size, a.attention_dim, a.kv_dim, a.intermediate_size
     # the norms' counted bytes (read and write): a lower bound of their unfused kernels
     counted_qk_norms, counted_sandwich_norms = BF16 * 2 * a.qk_norm_dim, BF16 * 2 * a.sandwich_norm_dim
     if measured is None:
-        layer = counted_layer_bytes_per_token(a) + counted_qk_norms + counted_sandwich_norms
-    else:
-        layer = measured.bytes_per_token(h, q, kv, f, a.qk_norm_dim, a.sandwich_norm_dim) / 3.0
-        layer += counted_qk_norms if measured.per_qk_norm is None else 0.0
-        layer += counted_sandwich_norms if measured.per_sandwich_norm is None else 0.0
-    outside_fwd = BF16 * 2 * 2 * h + loss_bytes_per_vocab(w)[0] * v
-    return float(layer), float(outside_fwd)
+        return float(counted_layer_bytes_per_token(a) + counted_qk_norms + counted_sandwich_norms)
+    layer = measured.bytes_per_token(h, q, kv, f, a.qk_norm_dim, a.sandwich_norm_dim) / 3.0
+    layer += counted_qk_norms if measured.per_qk_norm is None else 0.0
+    layer += counted_sandwich_norms if measured.per_sandwich_norm is None else 0.0
+    return float(layer)
+
+
+def _llm_elementwise_bytes_per_token(w: Workload, measured: "LayerElementwise | None" = None) -> tuple[float, float]:
+    """(per decoder layer, outside the layers) forward bytes per token.
+
+    Per layer: `layer_elementwise_bytes_per_token`. Outside: embedding lookup and final norm (4h
+    each) and the loss on the logits (`loss_bytes_per_vocab`). Backward moves about twice the
+    forward's bytes (saved input + incoming gradient in, gradient out).
+    """
+    a = w.arch
+    outside_fwd = BF16 * 2 * 2 * a.hidden_size + loss_bytes_per_vocab(w)[0] * a.vocab_size
+    return layer_elementwise_bytes_per_token(a, measured), float(outside_fwd)
 
 
 def loss_bytes_per_vocab(w: Workload) -> tuple[float, float]:
