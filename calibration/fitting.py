@@ -155,9 +155,10 @@ def separated_decoder_widths(rows: list[dict]) -> tuple[str, ...]:
                  and not (w in OPTIONAL_DECODER_WIDTHS and not any(r[w] for r in rows)))
 
 
-def fit_elementwise(rows: list[dict], bandwidth: float, widths: tuple[str, ...] = DECODER_WIDTHS) -> ElementwiseFit:
+def fit_elementwise(rows: list[dict], bandwidth: float, widths: tuple[str, ...]) -> ElementwiseFit:
     """Non-negative least squares of the blocks' measured elementwise seconds (`other_s`) against
-    tokens x each width / bandwidth, each row weighted by its own time (relative errors)."""
+    tokens x each of `widths` / bandwidth, each row weighted by its own time (relative errors): a
+    decoder's `separated_decoder_widths`, a ViT block's `VISION_WIDTHS`."""
     if len(rows) < len(widths):
         raise ValueError(f"need at least {len(widths)} measured blocks to fit {len(widths)} widths, got {len(rows)}")
     a = np.array([[r["tokens"] * r[k] / bandwidth for k in widths] for r in rows], dtype=float)
