@@ -7,7 +7,7 @@
 #   bash scripts/h200_loop_session.sh BUDGET_S STEP [STEP ...]
 # Steps: threads (calibrate CPUAdam at 1..all threads), attention (SDPA at every head dim, for
 # `python -m calibration.merge STATE/h200-attention.raw.jsonl --into data/profiles/h200.json`), layers
-# (the decoder layers' elementwise kernels, Qwen3's with and without their q/k norms), refresh (the parameter refresh after a CPU
+# (the decoder layers' elementwise kernels, Qwen3's also without their q/k norms and with sandwich norms), refresh (the parameter refresh after a CPU
 # step at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
 # traced for memory when its name has "memory", profiled one after another, ADVISOR_STEP_PROFILE,
 # when it has "structure", and timed pass by pass one after another, ADVISOR_PHASE_TRACE, when it has

@@ -44,10 +44,10 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-# The CPU path's tiny layers (hidden, heads, KV heads, FFN, head dim): with the Qwen3 one's variants
-# six, so that six widths can be fitted.
-CPU_SHAPES = {"qwen2.5-0.5b": (64, 4, 1, 320, 16), "qwen2.5-1.5b": (96, 4, 2, 256, 24),
-              "llama-2-7b": (128, 4, 4, 352, 32), "qwen3-0.6b": (64, 4, 2, 192, 32)}
+# The CPU path's tiny layers (hidden, heads, KV heads, FFN, head dim where it is not hidden / heads):
+# with the Qwen3 one's variants six, so that six widths can be fitted.
+CPU_SHAPES = {"qwen2.5-0.5b": (64, 4, 1, 320, None), "qwen2.5-1.5b": (96, 4, 2, 256, None),
+              "llama-2-7b": (128, 4, 4, 352, None), "qwen3-0.6b": (64, 4, 2, 192, 32)}
 
 
 # ViT blocks (hidden, heads, FFN): the presets' towers (qwen2.5-vl-mini's ViT-B, llava-1.5's ViT-L,
