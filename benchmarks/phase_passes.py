@@ -9,9 +9,13 @@ seconds against the model's GPU work, and their GPU span against the model's pas
 wait on the host); the optimizer step's GPU busy seconds against the model's `optimizer_gpu`; and where
 the trace measured the passes' power (`pass_power`), the forward and backward's power and the optimizer
 step's against the model's (the step: its `optimizer_gpu` and `deepspeed_overhead`; the rest of the step
-the forward and backward's). Why: the
+the forward and backward's). Where the trace split each pass's device time by kind of kernel
+(`PassKernels`), the forward's and backward's GEMM, attention, elementwise (the trace's "other") and
+communication (NCCL kernels and copies) seconds against the model's parts (`StepTiming.pass_parts_s`),
+and the pass's longest kernels by name. Why: the
 step-time error of a run says that the model missed, these say in which pass and on which side (machines
-AW and AX, 2026-12-03: the optimizer step's GPU work, and the checkpointed ZeRO-3 forward's host time).
+AW and AX, 2026-12-03: the optimizer step's GPU work, and the checkpointed ZeRO-3 forward's host time),
+and the kinds say in which of its parts.
 """
 from __future__ import annotations
 
@@ -30,6 +34,12 @@ from runs.jsonl import RunFileError, read_records  # noqa: E402
 from runs.measured import to_measured_run  # noqa: E402
 
 PASSES = ("forward", "backward")
+# A pass's kinds of GPU work: the model's part (models.timing.StepTiming.pass_parts_s) and the trace's
+# kernel classes it is compared with (calibration.harness.phase_trace.KERNEL_CLASSES). The trace's NCCL
+# kernels and copies run beside the compute on streams of their own: their seconds are the stream's, as
+# the model's "communication" is, not what they add to the pass.
+KINDS = {"gemm": ("gemm",), "attention": ("attention",), "elementwise": ("other",),
+         "communication": ("communication", "copy")}
 STEP_PHASES = ("optimizer_gpu", "deepspeed_overhead")
 GPU_BOUND_BUSY = 0.9  # a pass busy this share of its span is the GPU's
 
@@ -50,6 +60,15 @@ def power_row(pass_power: PassPower, prediction, excess: float) -> dict:
             "rms_w": pass_power.rms_w, "excess": excess}
 
 
+def kind_rows(kernels: dict | None, model_parts: dict) -> dict | None:
+    """Each of KINDS measured (the trace's kernel classes summed) and modelled, seconds; None for a trace
+    that kept no kernels (before 2026-12-05, or without a device clock)."""
+    if not kernels:
+        return None
+    return {kind: {"measured_s": sum(kernels["by_class_s"][c] for c in classes),
+                   "model_s": float(model_parts[kind][0])} for kind, classes in KINDS.items()}
+
+
 def pass_rows(records, traces: Path, profile) -> list[dict]:
     """One row a traced run: measured and modelled seconds of its last micro-step's passes."""
     rows = []
@@ -68,7 +87,9 @@ def pass_rows(records, traces: Path, profile) -> list[dict]:
             gpu = float(tm.pass_gpu_s[name][0])
             row[name] = {"host_s": measured["host_s"], "model_issue_s": float(tm.pass_issue_s[name][0]),
                          "gpu_busy_s": measured["gpu_busy_s"], "model_gpu_s": gpu,
-                         "gpu_span_s": measured["gpu_span_s"], "model_span_s": gpu + float(tm.pass_wait_s[name][0])}
+                         "gpu_span_s": measured["gpu_span_s"], "model_span_s": gpu + float(tm.pass_wait_s[name][0]),
+                         "kinds": kind_rows(measured.get("kernels"), tm.pass_parts_s[name]),
+                         "top_kernels": (measured.get("kernels") or {}).get("top")}
         step = passes[("step", last)]
         # Under optimizer offload the trace's busy time holds the host copies (gradients down in the
         # backward, parameters up in the step) that the model keeps apart (`host_transfer`): no model
@@ -151,6 +172,19 @@ def main(argv=None) -> int:
         Console(width=220).print(watts)
         print("Where the power's steps ran longer than the marked ones (the last column; a synchronize at each edge "
               "before the edges were taken on the GPU's clock), the measured watts hold that idle time.")
+    kinds = [r for r in rows if r["forward"]["kinds"]]
+    if kinds:
+        split = Table(title="GPU seconds of the passes by kind of kernel, ms, measured / model (model's error)")
+        split.add_column("run", justify="left")
+        for name in PASSES:
+            for kind in KINDS:
+                split.add_column(f"{name} {kind}", justify="right")
+        for r in kinds:
+            split.add_row(r["label"], *(_pair(r[name]["kinds"][kind]["measured_s"] or None,
+                                              r[name]["kinds"][kind]["model_s"]) for name in PASSES for kind in KINDS))
+        Console(width=260).print(split)
+        print("By kind each kernel counts whole: the NCCL kernels and copies beside the compute are their stream's "
+              "seconds, and the kinds may sum past the pass's busy time. --json names each pass's longest kernels.")
     print("A pass whose GPU is busy for most of its span is the GPU's: its host seconds then include waiting on a "
           "full launch queue, and say nothing of the issue time.")
     if any(r["host_copies_in_gpu_busy"] for r in rows):

@@ -169,6 +169,11 @@ class StepTiming:
     pass_issue_s: dict[str, np.ndarray] = field(default_factory=dict)
     pass_gpu_s: dict[str, np.ndarray] = field(default_factory=dict)
     pass_wait_s: dict[str, np.ndarray] = field(default_factory=dict)
+    # And each pass's GPU work by kind, for the traces' kernels by kind: "gemm", "attention" and
+    # "elementwise" (the loss and the recompute's included), "communication" (its collectives and copies
+    # as if alone) and "communication_added" (what they add to the pass beside its compute: exposed and
+    # contention). gemm + attention + elementwise + communication_added = pass_gpu_s.
+    pass_parts_s: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.ndarray]:
@@ -526,6 +531,16 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
 
     opt = _optimizer(profile, b, lay, c_b + wbl.extra)
     gpu = _PassSeconds(forward=c_f + wf.extra, backward=c_b + wbn.extra, last_backward=c_b + wbl.extra)
+    parts = {
+        "forward": {"gemm": ct["gemm_f"] + ct["vgemm_f"] + z, "attention": ct["attn_f"] + ct["vattn_f"] + z,
+                    "elementwise": ct["elem_f"] + ct["velem_f"] + z, "communication": coll.forward + copies.forward + z,
+                    "communication_added": wf.extra + z},
+        "backward": {"gemm": ct["gemm_b"] + ct["vgemm_b"] + ct["gemm_r"] + ct["vgemm_r"] + z,
+                     "attention": ct["attn_b"] + ct["vattn_b"] + ct["attn_r"] + ct["vattn_r"] + z,
+                     "elementwise": ct["elem_b"] + ct["velem_b"] + ct["elem_r"] + ct["velem_r"] + z,
+                     "communication": coll.last_backward + copies.last_backward + z,
+                     "communication_added": wbl.extra + z},
+    }
     host = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, gpu)
 
     phases = {
@@ -555,4 +570,5 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
                       hook_gaps=host.hook_gaps + z,
                       pass_issue_s={"forward": host.forward_issue_s + z, "backward": host.last_backward_issue_s + z},
                       pass_gpu_s={"forward": gpu.forward + z, "backward": gpu.last_backward + z},
-                      pass_wait_s={"forward": host.forward_wait_s + z, "backward": host.last_backward_wait_s + z})
+                      pass_wait_s={"forward": host.forward_wait_s + z, "backward": host.last_backward_wait_s + z},
+                      pass_parts_s=parts)

@@ -11,7 +11,8 @@ every rank runs MARKED_STEPS more steps with a marker kernel launched between pa
   GPU reaching one marker to reaching the next, waits included) and its call's host seconds;
 - the last, under torch.profiler with device activity only (host tracing would slow the very issue
   time that is measured), gives each pass's busy seconds: the union of its kernels, copies and memsets
-  between two markers.
+  between two markers; and its device seconds by kind of kernel (GEMM, attention, communication, copies,
+  the rest) with its longest kernels by name, so a pass the model misses says in which of its parts;
 - then, where the GPU has an energy meter, marked steps for about POWER_WINDOW_S while a thread polls
   the counter, the passes' edges taken on the GPU's clock: each kind of pass's power (`pass_power`).
 Rank 0 writes `phase_trace.json`. The CPU path (no CUDA) has no device clock: spans and busy times are
@@ -35,12 +36,42 @@ MARKED_STEPS = 3
 MARKER_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel: training never launches it
 MARKER_CYCLES = 100
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# The kinds a pass's device seconds are split into, as the cost model splits a pass's GPU work
+# (`models.timing.StepTiming.pass_parts_s`). A kernel is known by its name, the first kind whose words
+# it holds (case aside): NCCL's collectives; SDPA's flash and cuDNN kernels; cuBLAS and cuBLASLt GEMMs
+# (nvjet_*, sm90_xmma_gemm_*, cutlass_*, their split-K reductions). Copies are the profiler's memcpy
+# category; everything else (elementwise, norms, reductions, the loss, memsets) is "other".
+KERNEL_CLASSES = ("gemm", "attention", "communication", "copy", "other")
+KERNEL_WORDS = (("communication", ("nccl",)), ("attention", ("flash", "fmha", "attention", "sdpa")),
+                ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "splitk")))
+TOP_KERNELS = 12  # the longest kernels a pass names
+KERNEL_NAME_CHARS = 160  # templated kernel names run to thousands of characters
 POWER_WINDOW_S = 12.0  # about 120 counter changes at its ~100 ms
 POWER_STEPS = (8, 200)  # the fewest and most steps for the passes' power
 
 
 def wanted() -> bool:
     return os.environ.get(ENV, "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class DeviceOp:
+    """One operation on the device, as torch.profiler's Chrome trace gives it."""
+
+    name: str
+    category: str  # one of DEVICE_CATEGORIES
+    start_us: float
+    end_us: float
+
+
+@dataclass(frozen=True)
+class PassKernels:
+    """A pass's device seconds by KERNEL_CLASSES (each operation's own duration: a copy beside a kernel
+    counts in both, so they may sum past the busy time) and its TOP_KERNELS longest kernels by name
+    ({"name", "calls", "seconds"}, longest first)."""
+
+    by_class_s: dict[str, float]
+    top: list[dict]
 
 
 @dataclass(frozen=True)
@@ -52,6 +83,7 @@ class PassTime:
     host_s: float  # the call's own seconds on the host
     gpu_span_s: float | None  # from the GPU reaching this pass's marker to reaching the next
     gpu_busy_s: float | None  # the union of the pass's device operations (one profiled step)
+    kernels: PassKernels | None = None  # the same profiled step's operations by kind
 
     @property
     def gpu_idle_s(self) -> float | None:
@@ -93,19 +125,50 @@ def pass_names(grad_accum: int) -> list[tuple[str, int]]:
     return [(name, i) for i in range(grad_accum) for name in ("forward", "backward", "step")]
 
 
-def busy_between_markers_s(device_events: list[tuple[str, float, float]]) -> list[float]:
+def ops_between_markers(ops: list[DeviceOp]) -> list[list[DeviceOp]]:
+    """The operations between each two consecutive marker kernels, by start; those before the first
+    marker belong to no pass."""
+    passes: list[list[DeviceOp]] = []
+    current: list[DeviceOp] | None = None
+    for op in sorted(ops, key=lambda o: o.start_us):
+        if MARKER_KERNEL in op.name:
+            if current is not None:
+                passes.append(current)
+            current = []
+        elif current is not None:
+            current.append(op)
+    return passes
+
+
+def busy_between_markers_s(ops: list[DeviceOp]) -> list[float]:
     """Busy seconds of the device between consecutive marker kernels: the union of the other operations'
-    intervals (name, start_us, end_us) there. Overlapping operations (copies beside kernels) count once."""
-    events = sorted(device_events, key=lambda e: e[1])
-    out: list[float] = []
-    intervals: list[tuple[float, float]] | None = None
-    for name, start, end in events:
-        if MARKER_KERNEL in name:
-            if intervals is not None:
-                out.append(_union_us(intervals) / 1e6)
-            intervals = []
-        elif intervals is not None:
-            intervals.append((start, end))
+    intervals there. Overlapping operations (copies beside kernels) count once."""
+    return [_union_us([(op.start_us, op.end_us) for op in between]) / 1e6 for between in ops_between_markers(ops)]
+
+
+def kernel_class(op: DeviceOp) -> str:
+    """Which of KERNEL_CLASSES an operation is (KERNEL_WORDS)."""
+    if op.category == "gpu_memcpy":
+        return "copy"
+    name = op.name.lower()
+    for kind, words in KERNEL_WORDS:
+        if any(word in name for word in words):
+            return kind
+    return "other"
+
+
+def kernels_between_markers(ops: list[DeviceOp]) -> list[PassKernels]:
+    """Each pass's device seconds by kind and its longest kernels by name."""
+    out = []
+    for between in ops_between_markers(ops):
+        by_class = dict.fromkeys(KERNEL_CLASSES, 0.0)
+        by_name: dict[str, list[float]] = {}
+        for op in between:
+            seconds = (op.end_us - op.start_us) / 1e6
+            by_class[kernel_class(op)] += seconds
+            by_name.setdefault(op.name[:KERNEL_NAME_CHARS], []).append(seconds)
+        longest = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
+        out.append(PassKernels(by_class, [{"name": name, "calls": len(s), "seconds": sum(s)} for name, s in longest]))
     return out
 
 
@@ -119,20 +182,21 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def device_events_of_trace(trace: dict) -> list[tuple[str, float, float]]:
-    """(name, start_us, end_us) of a Chrome trace's device operations (torch.profiler's export)."""
-    return [(e["name"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+def device_events_of_trace(trace: dict) -> list[DeviceOp]:
+    """A Chrome trace's device operations (torch.profiler's export); host events are left out."""
+    return [DeviceOp(e["name"], e["cat"], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
             for e in trace.get("traceEvents", []) if e.get("cat") in DEVICE_CATEGORIES and "ts" in e]
 
 
 def pass_times(names: list[tuple[str, int]], host_gaps: list[list[float]], gpu_gaps: list[list[float]] | None,
-               busy: list[float] | None) -> list[PassTime]:
-    """Each pass's medians over the marked steps, and its busy seconds from the profiled one."""
+               busy: list[float] | None, kernels: list[PassKernels] | None = None) -> list[PassTime]:
+    """Each pass's medians over the marked steps, and its busy seconds and kernels from the profiled one."""
     out = []
     for k, (name, micro) in enumerate(names):
         span = statistics.median(g[k] for g in gpu_gaps) if gpu_gaps else None
         out.append(PassTime(name, micro, statistics.median(g[k] for g in host_gaps), span,
-                            busy[k] if busy is not None and k < len(busy) else None))
+                            busy[k] if busy is not None and k < len(busy) else None,
+                            kernels[k] if kernels is not None and k < len(kernels) else None))
     return out
 
 
@@ -241,7 +305,7 @@ def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callabl
         gaps = marker.gpu_gaps_s()
         if gaps is not None:
             gpu_gaps.append(gaps)
-    busy = None
+    busy = kernels = None
     if cuda:
         import torch
 
@@ -252,13 +316,14 @@ def trace_passes(run_step: Callable[[Callable[[], None]], object], sync: Callabl
         if writing:
             trace_path = Path(path).with_suffix(".trace.json")
             prof.export_chrome_trace(str(trace_path))
-            busy = busy_between_markers_s(device_events_of_trace(json.loads(trace_path.read_text())))
+            ops = device_events_of_trace(json.loads(trace_path.read_text()))
+            busy, kernels = busy_between_markers_s(ops), kernels_between_markers(ops)
             trace_path.unlink()
     power = measure_pass_power(run_step, sync, grad_accum, power_steps(statistics.median(step_s), agree),
                                read_gpu_j, cuda)
     if not writing:
         return
-    passes = pass_times(pass_names(grad_accum), host_gaps, gpu_gaps or None, busy)
+    passes = pass_times(pass_names(grad_accum), host_gaps, gpu_gaps or None, busy, kernels)
     summary = {"device": "cuda" if cuda else "cpu", "marked_steps": MARKED_STEPS,
                "step_s": statistics.median(step_s),
                "passes": [{**asdict(p), "gpu_idle_s": p.gpu_idle_s} for p in passes], "pass_power": power}

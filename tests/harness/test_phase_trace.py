@@ -6,21 +6,25 @@ import pytest
 import torch
 
 from calibration.harness import phase_trace
-from calibration.harness.phase_trace import MARKER_KERNEL, PassTime
+from calibration.harness.phase_trace import MARKER_KERNEL, DeviceOp, PassTime
+
+
+def _op(name, start, end, category="kernel"):
+    return DeviceOp(name, category, start, end)
 
 
 def _marker(at_us):
-    return (MARKER_KERNEL, at_us, at_us + 1.0)
+    return _op(MARKER_KERNEL, at_us, at_us + 1.0)
 
 
 def test_busy_time_is_the_union_of_each_passes_operations_between_markers():
-    events = [_marker(0), ("gemm", 10, 50), ("memcpy", 30, 70), ("norm", 100, 110),  # overlap counts once
-              _marker(200), ("gemm", 210, 260), _marker(300)]
+    events = [_marker(0), _op("gemm", 10, 50), _op("Memcpy DtoH", 30, 70, "gpu_memcpy"),  # overlap counts once
+              _op("norm", 100, 110), _marker(200), _op("gemm", 210, 260), _marker(300)]
     assert phase_trace.busy_between_markers_s(events) == pytest.approx([70e-6, 50e-6])
 
 
 def test_operations_before_the_first_marker_belong_to_no_pass_and_order_is_by_start():
-    events = [("gemm", 250, 280), _marker(300), ("late", 320, 330), ("early", 305, 310), _marker(400)]
+    events = [_op("gemm", 250, 280), _marker(300), _op("late", 320, 330), _op("early", 305, 310), _marker(400)]
     assert phase_trace.busy_between_markers_s(events) == pytest.approx([15e-6])
 
 
@@ -29,7 +33,42 @@ def test_a_chrome_traces_device_operations_are_read_and_host_events_left_out():
                              {"cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 9.0, "dur": 1.0},
                              {"cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 3.0},
                              {"cat": "kernel", "name": "no time"}]}
-    assert phase_trace.device_events_of_trace(trace) == [("k", 5.0, 7.0), ("Memcpy HtoD", 9.0, 10.0)]
+    assert phase_trace.device_events_of_trace(trace) == [_op("k", 5.0, 7.0),
+                                                         _op("Memcpy HtoD", 9.0, 10.0, "gpu_memcpy")]
+
+
+def test_kernels_are_known_by_the_words_of_their_names():
+    """Names as torch.profiler gave them on H200 (cuBLASLt, cuBLAS, SDPA's flash and cuDNN kernels, NCCL)."""
+    kinds = {"nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT": "gemm",
+             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1": "gemm",
+             "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>": "gemm",
+             "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>": "attention",
+             "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3": "attention",
+             "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "communication",
+             "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": "other",
+             "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>": "other"}
+    for name, kind in kinds.items():
+        assert phase_trace.kernel_class(_op(name, 0, 1)) == kind, name
+    assert phase_trace.kernel_class(_op("Memcpy DtoD (Device -> Device)", 0, 1, "gpu_memcpy")) == "copy"
+    assert phase_trace.kernel_class(_op("Memset (Device)", 0, 1, "gpu_memset")) == "other"
+
+
+def test_each_pass_sums_its_operations_by_kind_and_names_its_longest_kernels(monkeypatch):
+    monkeypatch.setattr(phase_trace, "TOP_KERNELS", 2)
+    events = [_marker(0), _op("nvjet_a", 10, 40), _op("nvjet_a", 50, 70), _op("flash_fwd", 70, 80),
+              _op("ncclDevKernel_AllGather", 20, 60), _op("Memcpy HtoD", 60, 65, "gpu_memcpy"), _op("add", 80, 81),
+              _marker(100), _op("nvjet_b", 110, 111), _marker(200)]
+    first, second = phase_trace.kernels_between_markers(events)
+    assert first.by_class_s == pytest.approx({"gemm": 50e-6, "attention": 10e-6, "communication": 40e-6,
+                                              "copy": 5e-6, "other": 1e-6})
+    # by kind each operation counts whole (the collective beside the GEMMs too): more than the busy union
+    assert sum(first.by_class_s.values()) > phase_trace.busy_between_markers_s(events)[0]
+    assert first.top == [{"name": "nvjet_a", "calls": 2, "seconds": pytest.approx(50e-6)},
+                         {"name": "ncclDevKernel_AllGather", "calls": 1, "seconds": pytest.approx(40e-6)}]
+    assert second.by_class_s["gemm"] == pytest.approx(1e-6) and second.top[0]["name"] == "nvjet_b"
+    long_name = "x" * (phase_trace.KERNEL_NAME_CHARS + 50)
+    (only,) = phase_trace.kernels_between_markers([_marker(0), _op(long_name, 1, 2), _marker(3)])
+    assert only.top[0]["name"] == long_name[:phase_trace.KERNEL_NAME_CHARS]
 
 
 def test_passes_take_the_median_over_marked_steps_and_the_idle_time_is_span_less_busy():
@@ -41,6 +80,9 @@ def test_passes_take_the_median_over_marked_steps_and_the_idle_time_is_span_less
     assert passes[0] == PassTime("forward", 0, 2.0, 5.0, 1.5) and passes[0].gpu_idle_s == pytest.approx(3.5)
     absent = phase_trace.pass_times(names, host, None, None)[0]
     assert absent.gpu_span_s is None and absent.gpu_busy_s is None and absent.gpu_idle_s is None
+    assert absent.kernels is None
+    kernels = [phase_trace.PassKernels({"gemm": float(k)}, []) for k in range(6)]
+    assert phase_trace.pass_times(names, host, gpu, [1.5] * 6, kernels)[4].kernels.by_class_s == {"gemm": 4.0}
 
 
 def test_the_cpu_path_writes_host_times_and_reports_the_device_clock_absent(tmp_path):
@@ -63,6 +105,7 @@ def test_the_cpu_path_writes_host_times_and_reports_the_device_clock_absent(tmp_
     forward = out["passes"][0]
     assert forward["name"] == "forward" and forward["host_s"] > 0
     assert forward["gpu_span_s"] is None and forward["gpu_busy_s"] is None and forward["gpu_idle_s"] is None
+    assert forward["kernels"] is None  # no device clock, no kernels
 
 
 def test_the_environment_switch(monkeypatch):

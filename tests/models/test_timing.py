@@ -725,3 +725,32 @@ def test_the_passes_issue_and_gpu_times_are_those_the_step_waits_on():
     two = step_timing(small, Strategy(gpus=2, gpus_per_node=2, zero_stage=3, checkpoint_every=1), load_profile("h200"))
     assert float(two.pass_wait_s["forward"][0]) > float(host_wait_s(two.pass_issue_s["forward"][0],
                                                                     two.pass_gpu_s["forward"][0]))
+
+
+def test_each_passs_gpu_work_splits_into_the_kinds_the_traces_kernels_are_split_into():
+    """`pass_parts_s` (for the traces' kernels by kind, benchmarks/phase_passes.py): GEMM, attention and
+    elementwise work and what communication adds make the pass's GPU time; the backward holds the
+    recompute; on one GPU without offload no communication, on two under ZeRO-3 the gathers."""
+    from models.predict import step_timing
+
+    profile = load_profile("h200")
+    w = Workload(load_architecture("qwen2.5-1.5b"), 8192)
+    kinds = ("gemm", "attention", "elementwise", "communication_added")
+    for strategy in (Strategy(zero_stage=1), Strategy(zero_stage=2, checkpoint_every=1),
+                     Strategy(gpus=2, gpus_per_node=2, zero_stage=3, checkpoint_every=1),
+                     Strategy(gpus=2, gpus_per_node=2, zero_stage=2, sp=2),
+                     Strategy(zero_stage=2, offload_optimizer="cpu", checkpoint_every=1)):
+        tm = step_timing(w, strategy, profile)
+        for name in ("forward", "backward"):
+            parts = {k: float(v[0]) for k, v in tm.pass_parts_s[name].items()}
+            assert sum(parts[k] for k in kinds) == pytest.approx(float(tm.pass_gpu_s[name][0]), rel=1e-9)
+            assert min(parts.values()) >= 0.0 and parts["gemm"] > parts["elementwise"] > 0.0
+    alone = step_timing(w, Strategy(zero_stage=1), profile).pass_parts_s
+    assert float(alone["forward"]["communication"][0]) == 0.0 == float(alone["forward"]["communication_added"][0])
+    gathered = step_timing(w, Strategy(gpus=2, gpus_per_node=2, zero_stage=3), profile).pass_parts_s
+    assert float(gathered["forward"]["communication"][0]) > 0.0
+    recomputed = step_timing(w, Strategy(zero_stage=1, checkpoint_every=1), profile).pass_parts_s
+    # the recompute is the layers' forward again (not the LM head's): in the backward, short of a forward
+    added = float(recomputed["backward"]["gemm"][0]) - float(alone["backward"]["gemm"][0])
+    assert 0.7 * float(alone["forward"]["gemm"][0]) < added < float(alone["forward"]["gemm"][0])
+    assert float(recomputed["forward"]["gemm"][0]) == pytest.approx(float(alone["forward"]["gemm"][0]))

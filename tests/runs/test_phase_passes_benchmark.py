@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "phase_passes.py"
 RUNS = REPO / "data" / "runs" / "h200-x1-phases-heldout-2026-12-03.jsonl"
@@ -97,3 +99,34 @@ def test_edges_on_the_gpus_clock_leave_the_steps_near_the_marked_ones():
     powered = [r["power"] for r in json.loads(done.stdout)["runs"]]
     assert len(powered) == 3 and all(w and 0.0 <= w["excess"] < 0.06 for w in powered)
     assert all(w["rms_w"] < 40 and w["step_w"] < w["forward_backward_w"] for w in powered)
+
+
+def test_a_trace_with_its_kernels_by_kind_is_set_beside_the_models_parts(tmp_path):
+    """A trace that kept each pass's kernels by kind (phase_trace.PassKernels): GEMM, attention, elementwise
+    (the trace's "other") and communication (NCCL kernels and copies) beside the model's parts of the pass;
+    the pass's longest kernels go through. A trace without them has no kinds."""
+    key = next(json.loads(line)["key"] for line in RUNS.read_text().splitlines()
+               if json.loads(line)["candidate"]["label"].startswith("qwen2.5-3b 6144 z3 ckpt"))
+    trace = json.loads((TRACES / f"{key}.json").read_text())
+    by_class = {"gemm": 0.2, "attention": 0.05, "communication": 0.01, "copy": 0.002, "other": 0.03}
+    top = [{"name": "nvjet_tst_128x256", "calls": 400, "seconds": 0.15}]
+    for p in trace["passes"]:
+        p["kernels"] = {"by_class_s": by_class, "top": top}
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / f"{key}.json").write_text(json.dumps(trace))
+    done = run("--runs", RUNS, "--traces", traces, "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["runs"]
+    for name in ("forward", "backward"):
+        kinds = row[name]["kinds"]
+        assert kinds["gemm"]["measured_s"] == 0.2 and kinds["elementwise"]["measured_s"] == 0.03
+        assert kinds["communication"]["measured_s"] == pytest.approx(0.012)
+        assert kinds["gemm"]["model_s"] > kinds["elementwise"]["model_s"] > 0
+        assert kinds["communication"]["model_s"] == 0.0  # one GPU, no offload: nothing beside the compute
+        assert row[name]["top_kernels"] == top
+    assert row["backward"]["kinds"]["gemm"]["model_s"] > row["forward"]["kinds"]["gemm"]["model_s"]
+    table = run("--runs", RUNS, "--traces", traces)
+    assert table.returncode == 0 and "by kind of kernel" in table.stdout
+    plain = json.loads(run("--runs", RUNS, "--traces", TRACES, "--json").stdout)["runs"]
+    assert all(r["forward"]["kinds"] is None and r["forward"]["top_kernels"] is None for r in plain)
