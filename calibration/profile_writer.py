@@ -307,7 +307,8 @@ class ProfileBuilder:
         if not rows:
             return None
         where = "measured" if not self.cpu else "measured on the CPU path"
-        presets = ", ".join(r["preset"] for r in rows)
+        # pooled runs of one machine (calibration.merge) repeat the presets: each is named once
+        presets = f"{len(rows)} layers of " + ", ".join(dict.fromkeys(r["preset"] for r in rows))
 
         def ratio(key: str, which: str) -> dict:
             values = [r[key] for r in rows]

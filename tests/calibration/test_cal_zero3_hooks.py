@@ -90,6 +90,9 @@ def test_repeated_runs_of_one_machine_pool_into_one_median(tmp_path):
     pooled = parse_profile(json.loads(out.read_text()))
     assert pooled.host.zero3_hook_pass.checkpointed_forward.value == pytest.approx((0.8 + 1.1) / 2)
     assert "one.raw.jsonl + two.raw.jsonl" in pooled.host.zero3_hook_pass.backward.source
+    presets = [r["preset"] for r in hook_rows()]
+    named = pooled.host.zero3_hook_pass.backward.source.split("median of ")[1].split(" (")[0]
+    assert named == f"{2 * len(presets)} layers of " + ", ".join(dict.fromkeys(presets))  # each preset once
     assert "ZeRO-3's hooks in each pass replaced" in pooled.provenance.notes
 
 
