@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "repeat_scatter.py"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from repeat_scatter import log_residuals, pooled, scatter  # noqa: E402
+from repeat_scatter import log_residuals, pooled, scatter, worst_of  # noqa: E402
 
 from models.profile import load_profile  # noqa: E402
 
@@ -36,6 +36,18 @@ def test_within_one_lease_compares_only_measurements_of_the_same_lease():
     assert within.sd_log_raw == pytest.approx(np.sqrt(0.045))  # the raw times, no host taken out
     assert rows[("host_bound", "across leases")].measurements == 3
     assert rows[("gpu_bound", "within one lease")].settings == 0  # its two measurements ran on two leases
+    assert rows[("host_bound", "within one lease")].regime_runs == 3  # every run of the regime: worst_of's N
+
+
+def test_the_worst_of_n_runs_is_the_median_of_their_largest_deviation():
+    """One run: its median |error| is 0.674 sd; the worst of 222 runs (the shipped fit's host-bound ones)
+    at sd 0.1 comes to about 3 sd; a sample of that many normal draws agrees."""
+    assert worst_of(0.1, 1) == pytest.approx(np.expm1(0.1 * 0.6745), rel=1e-3)
+    assert worst_of(0.1, 222) == pytest.approx(np.expm1(0.1 * 2.955), rel=2e-3)
+    assert worst_of(0.1, 222) > worst_of(0.1, 94) > worst_of(0.1, 1) and np.isnan(worst_of(0.1, 0))
+    rng = np.random.default_rng(0)
+    largest = np.abs(rng.normal(0.0, 0.1, size=(4001, 222))).max(axis=1)
+    assert np.expm1(np.median(largest)) == pytest.approx(worst_of(0.1, 222), rel=0.02)
 
 
 def test_the_shipped_loop_rounds_give_each_repeated_setting_its_lease():
@@ -82,6 +94,7 @@ def test_json_gives_each_row_and_its_floor():
     assert {(r["regime"], r["scope"]) for r in rows} == {(g, s) for g in ("gpu_bound", "host_bound")
                                                          for s in ("across leases", "within one lease")}
     for r in rows:
-        assert (r["floor_mape"] is None) == (r["settings"] == 0)
+        assert (r["floor_mape"] is None) == (r["settings"] == 0) == (r["floor_worst"] is None)
         if r["settings"]:
             assert r["floor_mape"] == pytest.approx(0.8 * r["sd_log"])
+            assert r["floor_worst"] == pytest.approx(worst_of(r["sd_log"], r["regime_runs"]))
