@@ -145,8 +145,9 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
         # does not carry over either, and is taken as the cast plus a pinned upload (not measured).
         param_cast_threads=None,
         param_direct_upload_threads=None,
-        issue_per_layer=None,  # a core's single-thread speed too: the issue constants stay the reference's, unscaled
     )
+    if host.get("issue_per_layer"):  # the host's single-thread issue speed: no datasheet figure, the reference's own
+        host["issue_per_layer"] = carried(host["issue_per_layer"])
     for key in ("pass_issue", "zero3_hook_pass"):  # each pass's share of the host's work: torch's and DeepSpeed's code, no datasheet figure
         if host.get(key):
             host[key] = {k: carried(v) for k, v in host[key].items()}

@@ -263,7 +263,7 @@ def test_the_default_search_is_exact_on_a_small_space_and_optuna_when_asked_for_
 def test_an_unknown_profile_lists_the_shipped_profiles_not_their_companion_files():
     result = CliRunner().invoke(main, ["predict", "--model", "7B", "--seq", "4k", "--profile", "h900"])
     assert result.exit_code != 0
-    assert "shipped profiles: gh200, h200" in result.output
+    assert "shipped profiles: gh200, h100, h200" in result.output
     assert "fit-report" not in result.output and "band" not in result.output
 
 

@@ -55,6 +55,12 @@ def test_what_no_datasheet_states_is_the_reference_s(derived):
     assert "no datasheet figure" in derived.host.pass_issue.recompute.source
     assert derived.host.zero3_hook_pass.checkpointed_forward.value == h200.host.zero3_hook_pass.checkpointed_forward.value
     assert "no datasheet figure" in derived.host.zero3_hook_pass.recompute.source
+    # and the host's issue speed the reference predicts at: its issue constants scale alike, so a
+    # host-bound step is not predicted on a faster host than the reference's own (until 2026-12-05 it was:
+    # no speed, so the constants' fitted-at host, 1.27x faster than h200's typical lent one)
+    assert derived.host.issue_per_layer.value == h200.host.issue_per_layer.value
+    assert "no datasheet figure" in derived.host.issue_per_layer.source
+    assert derived.host_issue_scale == pytest.approx(h200.host_issue_scale) and h200.host_issue_scale > 1.2
 
 
 def test_module_power_adds_the_cpu_idle_and_stays_under_the_cap(derived):

@@ -1,4 +1,4 @@
-"""Predictions pinned: every shipped run and a grid of strategies, on both shipped profiles.
+"""Predictions pinned: every shipped run and a grid of strategies, on every shipped profile.
 
 A refactor of the cost model must keep these numbers (to 1e-9 relative); a change that means
 to move them rewrites the pin in its own commit and says why:
@@ -24,6 +24,7 @@ from models.strategy import Strategy, StrategyBatch  # noqa: E402
 from models.workload import Workload  # noqa: E402
 
 PIN = Path(__file__).with_name("pinned_predictions.json")
+SHIPPED_PROFILES = ("gh200", "h100", "h200")
 METRICS = ("step_time_s", "gpu_energy_j", "cpu_energy_j", "allocated_gpu_mem_gib", "peak_gpu_mem_gib",
            "peak_host_mem_gib")
 # Workloads of the grid: text models from small to 70B, long context, a frozen and a trained vision tower.
@@ -89,13 +90,13 @@ def _shipped_runs() -> list[dict]:
 def cases() -> list[dict]:
     out = _shipped_runs()
     for i, spec in enumerate(GRID_WORKLOADS):
-        for profile in ("gh200", "h200"):
+        for profile in SHIPPED_PROFILES:
             out += [{"workload": spec, "strategy": s, "profile": profile} for s in _grid_strategies(i)]
     return out
 
 
 def predict_cases(items: list[dict]) -> list[dict]:
-    profiles = {name: load_profile(name) for name in ("gh200", "h200")}
+    profiles = {name: load_profile(name) for name in SHIPPED_PROFILES}
     out = []
     for case in items:
         batch = StrategyBatch.from_strategies([Strategy(**case["strategy"])])
@@ -131,6 +132,13 @@ def test_the_pin_covers_every_shipped_run():
     pinned = json.loads(PIN.read_text())["cases"]
     missing = [c for c in _shipped_runs() if c not in pinned]
     assert not missing, f"{len(missing)} shipped runs are not pinned (rewrite the pin): {missing[:1]}"
+
+
+def test_every_shipped_profile_is_pinned():
+    """A profile added to data/profiles is pinned with the others (rewrite the pin after adding it)."""
+    shipped = {p.stem for p in (REPO / "data/profiles").glob("*.json") if "." not in p.stem}
+    assert shipped == set(SHIPPED_PROFILES)
+    assert {c["profile"] for c in json.loads(PIN.read_text())["cases"]} == set(SHIPPED_PROFILES)
 
 
 def changed(pinned: dict) -> dict[str, int]:
