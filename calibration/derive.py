@@ -62,6 +62,10 @@ class Datasheet(BaseModel):
     module_host_idle: Watts | None = None  # the CPU's idle power inside a module-scope GPU meter
     cpu_idle: Watts | None = None
     cpu_optimizer: Watts | None = None
+    # The target's host is the reference's kind (say, the same workplace's VMs beside another GPU): its
+    # measured host figures (memory bandwidth, CPUAdam and the cast against threads) carry over as
+    # measured, where otherwise they are rebuilt from the datasheet's memory bandwidth without curves.
+    host_as_reference: bool = False
 
 
 class DeriveError(ValueError):
@@ -88,8 +92,8 @@ def _target_only(sheet: Datasheet, *names: str) -> None:
 
 def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Datasheet, date: str) -> HardwareProfile:
     """`sheet`'s machine as `reference` measured it, scaled by the datasheets' ratios."""
-    _target_only(sheet, "gpu_memory_gib", "inter_node_link", "host_cores", "host_memory_gib", "host_memory_bandwidth",
-                 "cpu_idle", "cpu_optimizer")
+    _target_only(sheet, "gpu_memory_gib", "inter_node_link", "host_cores", "host_memory_gib", "cpu_idle", "cpu_optimizer",
+                 *(() if sheet.host_as_reference else ("host_memory_bandwidth",)))
     if sheet.nvml_scope == "module" and sheet.module_host_idle is None:
         raise DeriveError(f"datasheet '{sheet.name}' has a module-scope meter but no module_host_idle")
     ref = reference.model_dump()
@@ -128,24 +132,30 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
     if gpu.get("optimizer_step_bytes_per_param"):  # the same step's kernels, as bytes: likewise
         gpu["optimizer_step_bytes_per_param"] = carried(gpu["optimizer_step_bytes_per_param"])
     host = ref["host"]
-    # CPUAdam is memory-bound: the reference's params/s per byte/s of its measured host memory
-    # bandwidth, at the target's datasheet bandwidth (an upper bound: peak, not measured).
-    adam_per_byte = reference.host.cpu_adam.value / reference.host.memory_bandwidth.value
-    host.update(
-        cpu=sheet.host_cpu, cores=datasheet(sheet.host_cores), memory_gib=datasheet(sheet.host_memory_gib),
-        memory_bandwidth=datasheet(sheet.host_memory_bandwidth), link=sheet.host_link,
-        h2d=scaled(host["h2d"], "host_link_bandwidth"), d2h=scaled(host["d2h"], "host_link_bandwidth"),
-        cpu_adam=dict(host["cpu_adam"], value=adam_per_byte * sheet.host_memory_bandwidth.value,
-                      source=f"derived: {origin}'s CPUAdam rate per byte/s of its measured host memory bandwidth "
-                             f"({adam_per_byte:.4g} params per byte) x the datasheet's {sheet.host_memory_bandwidth.value:.4g} "
-                             "bytes/s (peak: an upper bound); not measured"),
-        cpu_adam_threads=None,  # a thread's speed is the core's: the reference's curve does not carry over
-        # The same for the parameter cast (then taken from the datasheet's memory bandwidth); the direct
-        # copy through pageable memory is a property of the host link (PCIe here, NVLink-C2C there): it
-        # does not carry over either, and is taken as the cast plus a pinned upload (not measured).
-        param_cast_threads=None,
-        param_direct_upload_threads=None,
-    )
+    host.update(cpu=sheet.host_cpu, cores=datasheet(sheet.host_cores), memory_gib=datasheet(sheet.host_memory_gib),
+                link=sheet.host_link, h2d=scaled(host["h2d"], "host_link_bandwidth"),
+                d2h=scaled(host["d2h"], "host_link_bandwidth"))
+    if sheet.host_as_reference:  # the same kind of host: what it measured carries over as measured
+        host.update({key: carried(host[key]) if host.get(key) else None for key in
+                     ("memory_bandwidth", "cpu_adam", "cpu_adam_threads", "param_cast_threads",
+                      "param_direct_upload_threads")})
+    else:
+        # CPUAdam is memory-bound: the reference's params/s per byte/s of its measured host memory
+        # bandwidth, at the target's datasheet bandwidth (an upper bound: peak, not measured).
+        adam_per_byte = reference.host.cpu_adam.value / reference.host.memory_bandwidth.value
+        host.update(
+            memory_bandwidth=datasheet(sheet.host_memory_bandwidth),
+            cpu_adam=dict(host["cpu_adam"], value=adam_per_byte * sheet.host_memory_bandwidth.value,
+                          source=f"derived: {origin}'s CPUAdam rate per byte/s of its measured host memory bandwidth "
+                                 f"({adam_per_byte:.4g} params per byte) x the datasheet's "
+                                 f"{sheet.host_memory_bandwidth.value:.4g} bytes/s (peak: an upper bound); not measured"),
+            cpu_adam_threads=None,  # a thread's speed is the core's: the reference's curve does not carry over
+            # The same for the parameter cast (then taken from the datasheet's memory bandwidth); the direct
+            # copy through pageable memory is a property of the host link (PCIe here, NVLink-C2C there): it
+            # does not carry over either, and is taken as the cast plus a pinned upload (not measured).
+            param_cast_threads=None,
+            param_direct_upload_threads=None,
+        )
     if host.get("issue_per_layer"):  # the host's single-thread issue speed: no datasheet figure, the reference's own
         host["issue_per_layer"] = carried(host["issue_per_layer"])
     for key in ("pass_issue", "zero3_hook_pass"):  # each pass's share of the host's work: torch's and DeepSpeed's code, no datasheet figure

@@ -63,6 +63,25 @@ def test_what_no_datasheet_states_is_the_reference_s(derived):
     assert derived.host_issue_scale == pytest.approx(h200.host_issue_scale) and h200.host_issue_scale > 1.2
 
 
+def test_a_host_of_the_references_kind_keeps_its_measurements_and_another_is_rebuilt(derived):
+    """GH200's Grace is another host: its CPUAdam comes from its datasheet's memory bandwidth, with no thread
+    curve. A sheet that says its host is the reference's kind (`host_as_reference`) keeps the measured
+    figures and curves, and needs no host memory bandwidth of its own."""
+    h200 = load_profile("h200")
+    assert derived.host.cpu_adam_threads is None and derived.host.param_cast_threads is None
+    assert derived.host.cpu_adam.value != h200.host.cpu_adam.value
+    same = load_datasheet("gh200").model_copy(update={"host_as_reference": True, "host_memory_bandwidth": None})
+    kept = derive_profile(h200, load_datasheet("h200"), same, "2026-11-30")
+    assert kept.host.cpu_adam.value == h200.host.cpu_adam.value
+    assert kept.host.cpu_adam_threads.y == h200.host.cpu_adam_threads.y
+    assert kept.host.param_direct_upload_threads.y == h200.host.param_direct_upload_threads.y
+    assert kept.host.memory_bandwidth.value == h200.host.memory_bandwidth.value
+    assert "no datasheet figure" in kept.host.cpu_adam_threads.source
+    assert kept.host.cores.value == 4 * 72  # the sheet's counts still hold
+    with pytest.raises(DeriveError, match="lacks host_memory_bandwidth"):
+        derive_profile(h200, load_datasheet("h200"), same.model_copy(update={"host_as_reference": False}), "2026-11-30")
+
+
 def test_module_power_adds_the_cpu_idle_and_stays_under_the_cap(derived):
     h200, sheet = load_profile("h200"), load_datasheet("gh200")
     extra = sheet.module_host_idle.value
