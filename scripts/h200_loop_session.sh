@@ -13,9 +13,14 @@
 # when it has "structure", and timed pass by pass one after another, ADVISOR_PHASE_TRACE, when it has
 # "phases"; VALIDATE_ARGS are passed on, e.g. "--steps 8 --min-window-s 4"), loop:NAME (recommend --validate with the arguments in
 # data/sweeps/NAME.args, one per line).
+# calibrate (every benchmark family on this node, the profile's constants it cannot measure filled
+# from it: STATE/PROFILE-calibrated.json and its raw file, for the first measured profile of a new kind).
+# PROFILE (default h200) names the shipped profile the steps fill from and the sweeps are predicted with:
+# PROFILE=h100 on a lent H100 (`data/profiles/h100.json`, derived from h200 until one is measured).
 # A machine that went back between calls loses /tmp/state: carry the last call's archive as
 # .device_state/state.tgz and the runs it holds are not made again.
 set -u
+PROFILE=${PROFILE:-h200}
 budget=$1; shift
 end=$(( $(date +%s) + budget ))
 OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
@@ -25,26 +30,31 @@ left() { echo $(( end - $(date +%s) - 40 )); }
 for step in "$@"; do
   [ "$(left)" -gt 60 ] || { echo "skipped $step: the budget is spent"; continue; }
   case $step in
+    calibrate)
+      [ -f "$STATE/calibrate.done" ] && continue
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" \
+        --fill-from "data/profiles/$PROFILE.json" --out "$STATE/$PROFILE-calibrated.json" 2>&1 | tail -n 30 \
+        && [ -f "$STATE/$PROFILE-calibrated.json" ] && touch "$STATE/calibrate.done" ;;
     threads)
       [ -f "$STATE/threads.done" ] && continue
-      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only cpu_adam --only cpu_adam_threads \
-        --fill-from data/profiles/h200.json --out "$STATE/h200-threads.json" 2>&1 | tail -n 12 \
-        && [ -f "$STATE/h200-threads.json" ] && touch "$STATE/threads.done" ;;
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" --only cpu_adam --only cpu_adam_threads \
+        --fill-from "data/profiles/$PROFILE.json" --out "$STATE/$PROFILE-threads.json" 2>&1 | tail -n 12 \
+        && [ -f "$STATE/$PROFILE-threads.json" ] && touch "$STATE/threads.done" ;;
     attention)
       [ -f "$STATE/attention.done" ] && continue
-      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only attention \
-        --fill-from data/profiles/h200.json --out "$STATE/h200-attention.json" 2>&1 | grep -i "SDPA\|attention" | tail -n 30 \
-        && [ -f "$STATE/h200-attention.raw.jsonl" ] && touch "$STATE/attention.done" ;;
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" --only attention \
+        --fill-from "data/profiles/$PROFILE.json" --out "$STATE/$PROFILE-attention.json" 2>&1 | grep -i "SDPA\|attention" | tail -n 30 \
+        && [ -f "$STATE/$PROFILE-attention.raw.jsonl" ] && touch "$STATE/attention.done" ;;
     layers)
       [ -f "$STATE/layers.done" ] && continue
-      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only layer_elementwise \
-        --fill-from data/profiles/h200.json --out "$STATE/h200-layers.json" 2>&1 | grep -i "layer" | tail -n 30 \
-        && [ -f "$STATE/h200-layers.raw.jsonl" ] && touch "$STATE/layers.done" ;;
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" --only layer_elementwise \
+        --fill-from "data/profiles/$PROFILE.json" --out "$STATE/$PROFILE-layers.json" 2>&1 | grep -i "layer" | tail -n 30 \
+        && [ -f "$STATE/$PROFILE-layers.raw.jsonl" ] && touch "$STATE/layers.done" ;;
     refresh)
       [ -f "$STATE/refresh.done" ] && continue
-      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h200 --only param_refresh \
-        --fill-from data/profiles/h200.json --out "$STATE/h200-refresh.json" 2>&1 | grep -i "refresh" | tail -n 14 \
-        && [ -f "$STATE/h200-refresh.raw.jsonl" ] && touch "$STATE/refresh.done" ;;
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" --only param_refresh \
+        --fill-from "data/profiles/$PROFILE.json" --out "$STATE/$PROFILE-refresh.json" 2>&1 | grep -i "refresh" | tail -n 14 \
+        && [ -f "$STATE/$PROFILE-refresh.raw.jsonl" ] && touch "$STATE/refresh.done" ;;
     sweep:*)
       sweep=${step#sweep:}; name=$(basename "$sweep" .jsonl)
       trace=0; profile=0; phases=0; order=--parallel
@@ -52,12 +62,12 @@ for step in "$@"; do
       case $name in *structure*) profile=1; order=--serial ;; esac
       case $name in *phases*) phases=1; order=--serial ;; esac
       ADVISOR_MEMORY_TRACE=$trace ADVISOR_STEP_PROFILE=$profile ADVISOR_PHASE_TRACE=$phases python3 -m advisor.cli validate --sweep "$sweep" \
-        --profile h200 --store "$STATE/runs.db" --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/$name" \
+        --profile "$PROFILE" --store "$STATE/runs.db" --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/$name" \
         --budget "$(left)" --timeout 300 $order ${VALIDATE_ARGS:-} 2>&1 | tail -n 30 ;;
     loop:*)
       name=${step#loop:}
       mapfile -t args < "data/sweeps/$name.args"
-      python3 -m advisor.cli recommend "${args[@]}" --profile h200 --store "$STATE/runs.db" \
+      python3 -m advisor.cli recommend "${args[@]}" --profile "$PROFILE" --store "$STATE/runs.db" \
         --workdir "$STATE/$name" --budget "$(left)" --json > "$STATE/$name.json" 2> "$STATE/$name.log"
       tail -n 12 "$STATE/$name.log" ;;
   esac
