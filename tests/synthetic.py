@@ -61,9 +61,11 @@ START_VALUES = {
 
 def base_profile() -> HardwareProfile:
     """gh200 with a GPU-only meter (GPU energy is GPU power alone, as on H200, idle 120 W) and the
-    START_VALUES, so every fit starts from neutral values, away from the synthetic truth."""
+    START_VALUES, so every fit starts from neutral values, away from the synthetic truth; its host is the
+    one the issue constants hold at (no issue speed of its own: the synthetic runs probe none)."""
     p = with_values(load_profile("gh200"), START_VALUES)
-    return p.model_copy(update={"power": p.power.model_copy(update={"nvml_scope": "gpu"})})
+    return p.model_copy(update={"power": p.power.model_copy(update={"nvml_scope": "gpu"}),
+                                "host": p.host.model_copy(update={"issue_per_layer": None})})
 
 
 def true_profile(values: dict[str, float] = TRUE_VALUES) -> HardwareProfile:

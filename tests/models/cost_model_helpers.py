@@ -8,7 +8,8 @@ from models.strategy import StrategyBatch
 
 
 def profile_with(values: dict[str, object], base: str = "gh200") -> HardwareProfile:
-    """The shipped profile with dotted paths replaced: a Quantity's value, or any other field."""
+    """The shipped profile with dotted paths replaced: a Quantity's value, or any other field (None: the
+    field itself, an optional one left unset)."""
     data = load_profile(base).model_dump()
     for path, value in values.items():
         node = data
@@ -16,7 +17,7 @@ def profile_with(values: dict[str, object], base: str = "gh200") -> HardwareProf
         for k in keys[:-1]:
             node = node[k]
         last = keys[-1]
-        if isinstance(node[last], dict) and "value" in node[last]:
+        if isinstance(node[last], dict) and "value" in node[last] and value is not None:
             node[last]["value"] = value
         else:
             node[last] = value

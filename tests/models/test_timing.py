@@ -22,8 +22,9 @@ LLAMA_MODULES_PER_LAYER = 9  # q, k, v, o, gate, up, down, two RMSNorms: a modul
 # The formulas below are checked by hand on gh200 at unit efficiencies, each collective one
 # alpha-beta pair whatever the group size, and host copies at one rate whatever their size.
 FLAT_LINK = {"x_unit": "bytes", "y_unit": "bytes/s", "x": [1.0], "y": [386e9], "source": "a flat link for the tests"}
-# The steps per tensor off unless a test turns them on: the formulas leave them out.
-PLAIN = {"overheads.compute_efficiency": 1.0, "overheads.zero12_step_per_tensor": 0.0,
+# The steps per tensor off unless a test turns them on: the formulas leave them out; so is the host's
+# issue speed (the issue constants then hold as fitted, at `overheads.issue_fitted_at_per_layer`).
+PLAIN = {"overheads.compute_efficiency": 1.0, "overheads.zero12_step_per_tensor": 0.0, "host.issue_per_layer": None,
          "overheads.step_per_tensor": 0.0,
          "host.h2d": FLAT_LINK, "host.d2h": FLAT_LINK,
          **{f"{net}.{op}.by_group_size": [] for net in ("intra_node", "inter_node")
