@@ -54,7 +54,7 @@ class Scatter:
     measurements: int
     sd_log: float
     sd_log_raw: float  # the same runs' measured step times, no host taken out
-    regime_runs: int = 0  # every run of the regime here, measured again or not: the N of `worst_of`
+    regime_runs: int  # every run of the regime here, measured again or not: the N of `worst_of`
 
 
 def log_residuals(paths: list[str], profile) -> dict[tuple[str, str], list[tuple[str, float]]]:

@@ -176,6 +176,10 @@ class StepTiming:
     pass_parts_s: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
+# The kinds of a pass's compute (`StepTiming.pass_parts_s`) and their keys' stem in `_compute_times`.
+COMPUTE_KINDS = {"gemm": "gemm", "attention": "attn", "elementwise": "elem"}
+
+
 def _compute_times(profile: HardwareProfile, w: MicroStepWork) -> dict[str, np.ndarray]:
     """Seconds per micro-step of each compute part, at the profile's rates for these shapes."""
     g = profile.gpu
@@ -513,10 +517,14 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     ga = b.grad_accum.astype(float)
     normal = ga - 1.0  # micro-steps that do not end the accumulation
 
-    c_f = ct["gemm_f"] + ct["attn_f"] + ct["elem_f"] + ct["vgemm_f"] + ct["vattn_f"] + ct["velem_f"] + z
+    # Each pass's compute by kind, the vision tower's with the decoder's and the recompute in the backward;
+    # a pass's compute is their sum.
+    forward_kinds = {kind: ct[f"{k}_f"] + ct[f"v{k}_f"] + z for kind, k in COMPUTE_KINDS.items()}
+    backward_kinds = {kind: ct[f"{k}_b"] + ct[f"v{k}_b"] + ct[f"{k}_r"] + ct[f"v{k}_r"] + z
+                      for kind, k in COMPUTE_KINDS.items()}
+    c_f, c_b = sum(forward_kinds.values()), sum(backward_kinds.values())
     rec = ct["gemm_r"] + ct["attn_r"] + ct["elem_r"] + z
     vrec = ct["vgemm_r"] + ct["vattn_r"] + ct["velem_r"] + z
-    c_b = ct["gemm_b"] + ct["attn_b"] + ct["elem_b"] + ct["vgemm_b"] + ct["vattn_b"] + ct["velem_b"] + rec + vrec
 
     ps = _Passes.of(counts, work)
     coll, boundary_coll = _zero_collectives(profile, counts, ps, b, lay)
@@ -532,13 +540,9 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
     opt = _optimizer(profile, b, lay, c_b + wbl.extra)
     gpu = _PassSeconds(forward=c_f + wf.extra, backward=c_b + wbn.extra, last_backward=c_b + wbl.extra)
     parts = {
-        "forward": {"gemm": ct["gemm_f"] + ct["vgemm_f"] + z, "attention": ct["attn_f"] + ct["vattn_f"] + z,
-                    "elementwise": ct["elem_f"] + ct["velem_f"] + z, "communication": coll.forward + copies.forward + z,
+        "forward": {**forward_kinds, "communication": coll.forward + copies.forward + z,
                     "communication_added": wf.extra + z},
-        "backward": {"gemm": ct["gemm_b"] + ct["vgemm_b"] + ct["gemm_r"] + ct["vgemm_r"] + z,
-                     "attention": ct["attn_b"] + ct["vattn_b"] + ct["attn_r"] + ct["vattn_r"] + z,
-                     "elementwise": ct["elem_b"] + ct["velem_b"] + ct["elem_r"] + ct["velem_r"] + z,
-                     "communication": coll.last_backward + copies.last_backward + z,
+        "backward": {**backward_kinds, "communication": coll.last_backward + copies.last_backward + z,
                      "communication_added": wbl.extra + z},
     }
     host = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, gpu)
