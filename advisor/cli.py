@@ -174,6 +174,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
     from models.ds_config import DsSettings, load_ds_config
     from advisor.strategy_flags import StrategyFlags, strategy_from_inputs
     from models.predict import predict as predict_one
+    from models.term_basis import network_refusal
 
     arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision, loss_dtype)
     settings = load_ds_config(ds_config_path, arch) if ds_config_path else DsSettings({}, None)
@@ -185,6 +186,9 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
                           cpu_threads_per_rank=threads)
     strategy = strategy_from_inputs(flags, settings, arch, int(prof.gpus_per_node.value),
                                     _global_batch(global_batch_text, workload.seq_len))
+    refusal = network_refusal(prof, strategy.gpus, strategy.gpus_per_node)
+    if refusal:
+        raise InputError(refusal)
     pred = predict_one(workload, strategy, prof)
     from advisor.bands import band_fields, pool_band_note, profile_band
     from advisor.host_check import host_bound_notes
@@ -317,6 +321,11 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     counts = gpu_range.counts(per_node) if not gpu_range.fixed else [gpu_range.low]
     counts, dropped = counts_within_run(counts, lambda gpus: widest_sp(arch, gpus, per_node), workload.seq_len,
                                         tokens)
+    from models.term_basis import network_refusal
+
+    refusal = network_refusal(prof, max(counts), per_node)
+    if refusal:
+        raise InputError(refusal)
     tie_margin = None if tie_margin_text is None else parse_fraction(tie_margin_text, "--tie-margin")
     loop = None if validate_k is None else LoopSettings(
         k=validate_k, workdir=workdir, store=store_path, jsonl=None, budget_s=budget_s, script=script, refit=refit,

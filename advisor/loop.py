@@ -62,8 +62,12 @@ def _log_band(band: Band | None, objective: str, host_share: np.ndarray) -> tupl
     return low, high
 
 
-def choose(result: SearchResult, band: Band | None, objective: str, max_slowdown: float, k: int) -> list[Chosen]:
-    """Up to `k` strategies to measure, most telling first (see the module docstring)."""
+def choose(result: SearchResult, band: Band | None, objective: str, max_slowdown: float, k: int,
+           unmeasured: dict[int, list] | None = None) -> list[Chosen]:
+    """Up to `k` strategies to measure, most telling first (see the module docstring). `unmeasured` names,
+    by candidate, the terms its prediction rests on that this machine never measured: after the pick and
+    the fastest, the best candidate resting on each term they do not test comes first, since its run
+    tests a price the model only assumed."""
     c = result.candidates
     t, e = c.run_time_s, c.run_energy_j
     value = {"time": t, "energy": e, "edp": t * e}[objective]
@@ -84,6 +88,14 @@ def choose(result: SearchResult, band: Band | None, objective: str, max_slowdown
     # Tied strategies of another kind first (ZeRO stage, offload, checkpointing, sp, micro-batch):
     # a variant of a measured one (overlap_comm alone, say) teaches least, so it waits its turn.
     kinds = {_kind(c.strategies[ch.index]) for ch in out}
+    unmeasured = unmeasured or {}
+    tested = {t.term for ch in out for t in unmeasured.get(ch.index, [])}
+    for i in sorted(eligible, key=lambda i: value[i]):
+        untested = [t.term for t in unmeasured.get(i, []) if t.term not in tested]
+        if untested:  # its run tests a term no chosen run does
+            tested.update(untested)
+            kinds.add(_kind(c.strategies[i]))
+            out.append(Chosen(i, "rests on unmeasured terms: " + ", ".join(t.split(".")[-1] for t in untested)))
     for i in tied:
         if _kind(c.strategies[i]) not in kinds:
             kinds.add(_kind(c.strategies[i]))
@@ -392,7 +404,10 @@ class LoopOutcome:
 def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     """Choose, predict (before), run (unless only planning), pick by measurement, refit if asked."""
     s = req.loop
-    chosen = choose(result, band, req.objective, req.max_slowdown, s.k)
+    from advisor.unmeasured import rests_on
+
+    unmeasured = rests_on(result, np.flatnonzero(result.candidates.feasible), req.workload, req.profile)
+    chosen = choose(result, band, req.objective, req.max_slowdown, s.k, unmeasured)
     plan = plan_dict(result, chosen, band, req.workload.seq_len)
     if s.plan_only:
         return LoopOutcome(chosen, plan, None, None, None, "")

@@ -156,6 +156,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
     from advisor.bands import pool_band_note, profile_band, with_bands
     from advisor.host_check import host_bound_notes
     from advisor.launch import launch
+    from advisor.unmeasured import pick_note, rests_on
     from advisor.model_notes import head_dim_notes
     from models.ds_config import to_ds_config
     from models.predict import predict
@@ -177,8 +178,12 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
               f"{result.evaluations} evaluations")
     others = alternatives(result, req.objective, req.max_slowdown)
 
+    shown = {result.pick, *result.pareto, *(a.index for a in others)}
+    unmeasured = rests_on(result, shown, workload, profile)
+
     def point(i):
-        return with_bands(band, result.point(i, workload.seq_len))
+        return {**with_bands(band, result.point(i, workload.seq_len)),
+                "rests_on_unmeasured": [r.to_dict() for r in unmeasured.get(i, [])]}
 
     loop = None
     if req.loop is not None:
@@ -189,12 +194,15 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
             _print_plan(req, loop)
             return result
     pick = loop.pick_index if loop and loop.pick_index is not None else result.pick
+    unmeasured.update(rests_on(result, [pick], workload, profile))
+    unmeasured_note = pick_note(unmeasured[pick], profile)
     chosen = result.candidates.strategies[pick]
     config = to_ds_config(chosen, arch)
     line = launch(chosen, threads_of(chosen, profile), config_path=req.out_ds_config or "ds_config.json")
     recommended = point(pick)
     pool_note = pool_band_note(recommended["peak_gpu_mem_gib_band"], problem.gpu_memory_gib, band.level if band else None)
-    lines = search_notes(result, req.global_batch, notes + thread_warnings(chosen, profile)
+    lines = search_notes(result, req.global_batch, notes + ([unmeasured_note] if unmeasured_note else [])
+                         + thread_warnings(chosen, profile)
                          + host_bound_notes(predict(workload, chosen, profile)) + ([pool_note] if pool_note else []))
     if req.as_json:
         click.echo(json.dumps({

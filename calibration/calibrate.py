@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from calibration import FAMILIES, environment
+from calibration.carried import REFERENCE_PROFILE
 from calibration.meters import EnergyMonitor
 from calibration.microbench import (collectives, compute, cpu, hostlink, layer, memory, overlap, param_refresh, pass_issue,
                                     power, wait_decay, zero3_hooks)
@@ -163,15 +164,15 @@ def _measure(opts, console, ctx, rank, world, local_world, device) -> Calibratio
     raw_path = raw_path_for(opts.out)
     result = CalibrationResult(profile_path=None, raw_path=raw_path, profile=None)
 
-    log, error, ref = None, None, None
+    log, error, ref, reference = None, None, None, None
     if rank == 0:
-        if opts.fill_from:  # fail before measuring, not after
-            from models.profile import ProfileError, load_profile
+        from models.profile import ProfileError, load_profile
 
-            try:
-                ref = load_profile(opts.fill_from)
-            except ProfileError as exc:
-                error = f"--fill-from: {exc}"
+        try:  # fail before measuring, not after
+            ref = load_profile(opts.fill_from) if opts.fill_from else None
+            reference = ref or load_profile(REFERENCE_PROFILE)
+        except ProfileError as exc:
+            error = f"--fill-from: {exc}" if opts.fill_from else str(exc)
         header = {"kind": env["kind"], "device": env["gpu"] or env["host_cpu"], "gpus_per_node": local_world,
                   "nodes": ctx.nnodes, "quick": opts.quick, "machine": env["machine"]}
         try:
@@ -212,14 +213,15 @@ def _measure(opts, console, ctx, rank, world, local_world, device) -> Calibratio
             else:
                 result.failed[item.key] = reason
     if rank == 0:
-        _write_profile(opts, env, log, result, console, ref)
+        _write_profile(opts, env, log, result, console, ref, reference)
     return result
 
 
-def _write_profile(opts, env, log, result, console, ref) -> None:
+def _write_profile(opts, env, log, result, console, ref, reference) -> None:
     name = opts.name or default_name(env)
     try:
         profile = build_profile(env, log.results(), name=name, raw_file=log.path.name, fill_from=ref,
+                                reference=reference,
                                 cpu_tdp_w=opts.cpu_tdp_w, cpu_idle_w=opts.cpu_idle_w)
     except MissingMeasurements as exc:
         result.error = str(exc)

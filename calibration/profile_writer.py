@@ -15,7 +15,8 @@ from calibration.fitting import (COLLECTIVE_OPS, VISION_WIDTHS, bus_factor, buil
                                  fit_elementwise, fit_wait_decay, separated_decoder_widths)
 from models.flops import ATTENTION_BWD_PER_FWD, causal_attention_flops
 from calibration.rawlog import RawResult
-from models.profile import SCHEMA_VERSION, HardwareProfile, parse_profile
+from calibration.carried import carried_memory, carried_overheads
+from models.profile import SCHEMA_VERSION, HardwareProfile, HostSpec, parse_profile
 
 NEUTRAL_OVERHEADS = {  # not this calibration's job: fitted later from short real DeepSpeed runs
     "step": (0.0, "s"), "micro_step": (0.0, "s"), "layer_pass": (0.0, "s"),
@@ -69,9 +70,11 @@ class ProfileBuilder:
     """Builds one profile dict from a calibration's environment facts and raw results."""
 
     def __init__(self, env: dict, results: dict[str, RawResult], *, name: str, raw_file: str,
-                 fill_from: HardwareProfile | None = None, cpu_tdp_w: float | None = None,
-                 cpu_idle_w: float | None = None):
+                 fill_from: HardwareProfile | None = None, reference: HardwareProfile | None = None,
+                 cpu_tdp_w: float | None = None, cpu_idle_w: float | None = None):
         self.env, self.name, self.raw_file, self.ref = env, name, raw_file, fill_from
+        # where the terms no microbenchmark measures are carried from (calibration.carried)
+        self.carry_from = fill_from or reference
         self.ok = {k: r for k, r in results.items() if r.status == "ok"}
         self.failed = {k: r for k, r in results.items() if r.status == "failed"}
         self.skipped = {k: r for k, r in results.items() if r.status == "skipped"}
@@ -362,8 +365,24 @@ class ProfileBuilder:
                                "bus_bandwidth": c["bus_bandwidth"]})
         return dict(node, by_group_size=points)
 
+    def unmeasured_network(self, label: str, why: str) -> dict | None:
+        """A network no group of this calibration crossed: the --fill-from profile's, carried and flagged; else
+        the reference's as a placeholder (`models.term_basis` refuses plans that need it); else None."""
+        if self.ref is not None:
+            return relabel(self.ref.model_dump()[label], f"from profile '{self.ref.name}' ({why}): ")
+        if self.carry_from is None:
+            return None
+        return relabel(self.carry_from.model_dump()[label],
+                       f"placeholder, not measured ({why}): profile '{self.carry_from.name}' stands in, "
+                       "and plans that need it are refused: ")
+
     def networks(self) -> tuple[dict, dict]:
         local, world = int(self.env["gpus_per_node"]), int(self.env["world_size"])
+        if world == 1:  # a group of one times no collective (calibration.microbench.collectives)
+            intra = self.unmeasured_network("intra_node", "a one-GPU calibration times no collective")
+            inter = self.unmeasured_network("inter_node", "a one-GPU calibration crosses no network")
+            if intra is not None and inter is not None:
+                return intra, inter
         intra = {op: self.intra_collective(op, local) for op in COLLECTIVE_OPS}
         if world > local:
             inter = {op: self.collective(op, "inter", world, "inter_node") for op in COLLECTIVE_OPS}
@@ -474,11 +493,14 @@ class ProfileBuilder:
             fr = self.from_ref("memory.framework_reserved", "not measured here") or _q(
                 0.0, "GiB", f"{self.cpu_tag}: no device memory" if self.cpu else
                 "not measured (benchmark memory/framework_reserved failed); 0 is a placeholder")
-        frag = self.from_ref("memory.fragmentation", "not measured by microbenchmarks") or _q(
-            0.0, "fraction", "placeholder, not measured: fitted from real runs (calibration harness)")
-        return {"framework_reserved": fr, "fragmentation": frag}
+        if self.carry_from is not None:
+            return {"framework_reserved": fr, **carried_memory(self.carry_from)}
+        return {"framework_reserved": fr, "fragmentation": _q(
+            0.0, "fraction", "placeholder, not measured: fitted from real runs (calibration harness)")}
 
-    def overheads(self) -> dict:
+    def overheads(self, host: dict) -> dict:
+        if self.carry_from is not None and not self.cpu:
+            return carried_overheads(HostSpec.model_validate(host), self.env["gpus_per_node"], self.carry_from)
         out = {}
         for k, (v, unit) in NEUTRAL_OVERHEADS.items():
             out[k] = self.from_ref(f"overheads.{k}", "fitted from real runs, not microbenchmarks") or _q(
@@ -500,7 +522,7 @@ class ProfileBuilder:
             },
             "gpus_per_node": _q(env["gpus_per_node"], "count", "ranks per node in the calibration run"),
             "gpu": self.gpu(), "host": self.host(), "intra_node": intra, "inter_node": inter,
-            "overlap": self.overlap(), "power": self.power(), "overheads": self.overheads(), "memory": self.memory(),
+            "overlap": self.overlap(), "power": self.power(), "memory": self.memory(),
         }
         if self.missing and self.ref is not None:
             unfilled = self._fill_unmeasured(profile, self.ref.model_dump(), "")
@@ -510,6 +532,7 @@ class ProfileBuilder:
                 "cannot write the profile, these were not measured: " + "; ".join(self.missing) +
                 ". Run the same command again to retry only what is missing (the raw file is kept), "
                 "or pass --fill-from PROFILE to take them from another profile.")
+        profile["overheads"] = self.overheads(profile["host"])  # rescaled by the host as measured (or filled)
         return profile
 
     def _fill_unmeasured(self, node: dict, ref: dict, path: str) -> list[str]:

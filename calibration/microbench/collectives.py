@@ -26,8 +26,11 @@ def message_sizes(quick: bool, cpu: bool) -> list[int]:
 
 
 def group_plan(ctx: BenchContext) -> list[tuple[str, int]]:
-    """[(scope, group size)]: the whole node, smaller powers of two in full mode, all nodes."""
+    """[(scope, group size)]: the whole node, smaller powers of two in full mode, all nodes; none on
+    one GPU, whose group of one times a local copy, not a link (it once wrote 28 TB/s as NVLink's)."""
     local = ctx.local_world_size
+    if ctx.world_size == 1:
+        return []
     sizes = {local}
     if not ctx.sizes.quick:
         g = 2
