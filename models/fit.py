@@ -28,7 +28,7 @@ from models.measured_run import MeasuredRun
 from models.memory import FRAGMENTATION_FIELDS, start_pool_ratio
 from models.pool_fit import collective_pool_of, fragmentation_of, offload_start_pool_of, with_memory_nodes
 from models.predict import predict_batch
-from models.profile import FitRecord, HardwareProfile
+from models.profile import FitRecord, HardwareProfile, Quantity
 from models.profile_values import get_value, getattr_path, with_values
 from models.strategy import StrategyBatch
 from models.workload import Workload
@@ -235,6 +235,7 @@ class ProfileFit:
         self.collective_pool_ = (collective_pool_of(runs, self.fragmentation_, base_profile, start_ratio)
                                  if self.fit_memory else None)
         self.host_process_ = self._host_process(runs) if self.fit_memory else None
+        self.host_issue_ = typical_host_issue(runs)
         self.parameters_ = fitted
         self.values_ = {name: f.value for name, f in fitted.items() if f.informed}
         self.n_runs_ = len(runs)
@@ -326,6 +327,13 @@ class ProfileFit:
             how["memory.host_process_per_rank"] = (
                 f"{self.host_process_:.4g}, median per rank over {len(self._host_process_runs(runs))} measured runs "
                 "without offload of peak resident host memory")
+        if self.host_issue_ is not None:
+            value, count = self.host_issue_
+            base = _with_host_issue(base)
+            values["host.issue_per_layer"] = value
+            how["host.issue_per_layer"] = (f"{value * 1e6:.4g} us, the median host probe of the {count} probed runs: "
+                                           "the typical host, where a prediction has no probe of its own (a "
+                                           "calibration's one reading scattered 1.4x from its runs' on one H100)")
         prefit = {name: getattr_path(original, name) for name in how}
         for name, text in how.items():
             sources[name] = f"fitted: {text} (advisor fit, {date})"
@@ -342,6 +350,25 @@ class ProfileFit:
         record = FitRecord(date=date, run_ids=[r.run_id or "?" for r in runs], prefit=prefit, prefit_provenance=p)
         return HardwareProfile.model_validate(
             profile.model_copy(update={"provenance": provenance, "fit": record}).model_dump())
+
+
+MIN_PROBED_RUNS = 3  # fewer probes leave the profile's own host reading as it is
+
+
+def typical_host_issue(runs: list[MeasuredRun]) -> tuple[float, int] | None:
+    """(median host probe in seconds a layer, probed runs) over the runs that probed their host; None
+    under `MIN_PROBED_RUNS`. One probe scatters (a host's spells: +-16% a run on one host), so the profile
+    takes its runs' median, not its calibration's single reading."""
+    probes = [r.host_issue_per_layer_s for r in runs if r.host_issue_per_layer_s]
+    return (float(np.median(probes)), len(probes)) if len(probes) >= MIN_PROBED_RUNS else None
+
+
+def _with_host_issue(profile: HardwareProfile) -> HardwareProfile:
+    """The profile with a host probe quantity to set (a copy of the same one, or a new one at 0)."""
+    if profile.host.issue_per_layer is not None:
+        return profile
+    return profile.model_copy(update={"host": profile.host.model_copy(update={
+        "issue_per_layer": Quantity(value=0.0, unit="s", source="not measured")})})
 
 
 def prefit_profile(profile: HardwareProfile) -> HardwareProfile:
