@@ -42,8 +42,17 @@ METRICS = (("step time", "step_time_s", lambda r: r.step_time_s), ("GPU energy",
 
 
 def shipped_records() -> list:
-    """Every ok record of the shipped run files, those kept out of the fit (data/runs/excluded/) too."""
-    return [r for path in shipped_run_files() for r in read_records(path) if r.result.status == "ok"]
+    """Every ok record of the shipped run files, those kept out of the fit (data/runs/excluded/) too, and
+    the runs of other machines (data/runs/MACHINE/, e.g. h100/)."""
+    other_machines = sorted(p for p in (REPO / "data" / "runs").glob("*/*.jsonl") if p.parent.name != "excluded")
+    return [r for path in [*shipped_run_files(), *other_machines] for r in read_records(path) if r.result.status == "ok"]
+
+
+def sweep_name(predicted_path: Path) -> str:
+    """NAME for NAME.predicted.jsonl; "NAME (PROFILE)" for NAME.predicted-PROFILE.jsonl, one sweep's runs
+    predicted by another profile, committed before them too."""
+    name, _, by = predicted_path.name.removesuffix(".jsonl").partition(".predicted")
+    return f"{name} ({by.lstrip('-')})" if by else name
 
 
 def first_commit(path: Path) -> tuple[str, datetime] | None:
@@ -125,7 +134,7 @@ def sweep_errors(predicted_path: Path, records: list) -> dict:
         values = [r["errors_pct"][name] for r in runs if r["errors_pct"][name] is not None]
         summary[name] = ({"mape_pct": sum(map(abs, values)) / len(values), "worst_pct": max(values, key=abs)}
                          if values else None)
-    return {"sweep": predicted_path.name.removesuffix(".predicted.jsonl"), "predicted": len(rows), "measured": len(runs), "summary": summary,
+    return {"sweep": sweep_name(predicted_path), "predicted": len(rows), "measured": len(runs), "summary": summary,
             "runs": runs}
 
 
@@ -139,7 +148,7 @@ def main(argv=None) -> int:
     if args.on_probed_host:
         return show_on_probed_host(REPO / "data" / "sweeps" / f"{args.on_probed_host}.predicted.jsonl", records,
                                    args.json)
-    results = [sweep_errors(path, records) for path in sorted((REPO / "data" / "sweeps").glob("*.predicted.jsonl"))]
+    results = [sweep_errors(path, records) for path in sorted((REPO / "data" / "sweeps").glob("*.predicted*.jsonl"))]
     if args.threads:
         return show_thread_test(thread_pairs(results), args.json)
     if args.json:
