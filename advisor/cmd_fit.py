@@ -78,19 +78,19 @@ def _runs_summary(run_set) -> dict:
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, writable=True),
               help="Where to write the fitted profile (JSON).")
 @click.option("--loo/--no-loo", default=True, show_default=True,
-              help="Report leave-one-out error: one refit per run, each no longer than the fit (for 222 runs "
-                   "the fit took 88 s on one core, a refit about a quarter of that); a bound and progress go "
-                   "to stderr.")
+              help="Report each run's error as if left out of the fit, and write the band from them: by default "
+                   "from the one fit (leverage-corrected residuals: seconds); see --folds and --exact.")
 @click.option("--folds", type=click.IntRange(min=2), default=None,
-              help="Hold out this many folds in turn instead of each run (as many refits: minutes where "
-                   "leave-one-out takes an hour or two); the report and band say which.")
+              help="Hold out this many folds in turn instead (as many refits: minutes); the report and band say which.")
+@click.option("--exact", is_flag=True,
+              help="Leave each run out by a refit of its own (an hour for 300 runs on two cores; progress on stderr).")
 @click.option("--prior-strength", "prior_text", default="cv", show_default=True,
               help="How strongly constants stay at their starting values: a number, or 'cv' to pick "
-                   "0.001, 0.01 or 0.1 by 5-fold cross-validation.")
+                   "0.001, 0.01 or 0.1 by the error of runs held out (leverage-corrected).")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Processes for the leave-one-out refits (default: one a core).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, as_json):
+def fit(run_paths, store_path, profile, out_path, loo, folds, exact, prior_text, jobs, as_json):
     """Fit the profile's efficiency, overlap, overhead and power constants to measured runs and
     write the refined profile; print leave-one-out error (K-fold's with --folds) per strategy family,
     and write the 90% prediction band those errors give beside the profile (PROFILE.band.json)."""
@@ -102,11 +102,13 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
 
     prior = _prior(prior_text)
     run_set = _run_set(run_paths, store_path)
-    if folds and not loo:
-        raise click.UsageError("--folds holds runs out: it cannot go with --no-loo")
+    if (folds or exact) and not loo:
+        raise click.UsageError("--folds and --exact hold runs out: they cannot go with --no-loo")
+    if folds and exact:
+        raise click.UsageError("--folds and --exact are two ways to hold runs out: give one")
     writable_path(out_path, "--out", make_folder=True)  # before the fit's minutes, so its result is not lost
     done = refit(run_set.runs, load_profile(profile), prior, loo=loo, data_note=_sources(run_paths, store_path),
-                 jobs=jobs or os.cpu_count() or 1, progress=to_stderr, folds=folds)
+                 jobs=jobs or os.cpu_count() or 1, progress=to_stderr, folds=folds, exact=exact)
     model, base, report = done.model, done.base, done.report
     out = Path(out_path)
     _write_profile(model.profile_, out)
@@ -129,7 +131,7 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
         return
     click.echo(f"Fitted {base.describe()} to {run_set.summary()}; wrote {out}")
     if done.cv_scores:
-        click.echo("prior strength by 5-fold cross-validation (mean |log error|): "
+        click.echo("prior strength by the error of runs held out (mean |log error|): "
                    + ", ".join(f"{k:g}: {v:.3f}" for k, v in done.cv_scores.items())
                    + f"; chose {done.prior_strength:g}")
     for line in run_set.skipped:

@@ -25,9 +25,9 @@ from scipy.optimize import least_squares
 
 from models.energy import PHASE_POWER
 from models.measured_run import MeasuredRun
-from models.memory import FRAGMENTATION_FIELDS, start_pool_ratio
+from models.memory import FRAGMENTATION_FIELDS, GIB, start_pool_ratio
 from models.pool_fit import collective_pool_of, fragmentation_of, offload_start_pool_of, with_memory_nodes
-from models.predict import predict_batch
+from models.predict import Prepared, prepare, timed
 from models.profile import FitRecord, HardwareProfile, Quantity
 from models.profile_values import get_value, getattr_path, with_values
 from models.strategy import StrategyBatch
@@ -95,25 +95,42 @@ class RunPredictions:
 
 
 class RunEvaluator:
-    """Predicts a fixed list of runs on any profile, one `predict_batch` call per workload and host
-    probe (each run on its own host)."""
+    """Predicts a fixed list of runs on any profile: one batch per workload, prepared once while the
+    profile's GPU and memory figures stay (`models.predict.prepare`), each run on the host its probe
+    measured (`MeasuredRun.on_its_host`, as a scale a run)."""
 
     def __init__(self, runs: list[MeasuredRun]):
-        groups: dict[tuple[Workload, float | None], list[int]] = {}
+        groups: dict[Workload, list[int]] = {}
         for i, run in enumerate(runs):
-            groups.setdefault((run.workload, run.host_issue_per_layer_s), []).append(i)
+            groups.setdefault(run.workload, []).append(i)
         self.n = len(runs)
-        self._groups = [(w, runs[idx[0]], StrategyBatch.from_strategies([runs[i].strategy for i in idx]),
-                         np.asarray(idx)) for (w, _), idx in groups.items()]
+        self._groups = [(w, StrategyBatch.from_strategies([runs[i].strategy for i in idx]), np.asarray(idx))
+                        for w, idx in groups.items()]
+        self._probe_s = np.array([r.host_issue_per_layer_s or np.nan for r in runs], dtype=float)
+        self._prepared: dict[int, Prepared] = {}
+
+    def issue_scales(self, profile: HardwareProfile) -> np.ndarray:
+        """Each run's `host_issue_scale` on its own host: its probe over the probe the issue constants were
+        fitted at; 1 for a run without a probe (it ran where they were fitted) or a profile without that anchor."""
+        fitted_at = profile.overheads.issue_fitted_at_per_layer
+        if fitted_at is None or not fitted_at.value > 0:
+            return np.ones(self.n)
+        probed = np.isfinite(self._probe_s) & (self._probe_s > 0)
+        return np.where(probed, self._probe_s / fitted_at.value, 1.0)
 
     def __call__(self, profile: HardwareProfile) -> RunPredictions:
         step, energy, alloc, reserved = (np.empty(self.n) for _ in range(4))
         phases: dict[str, np.ndarray] = {}
-        for workload, first, batch, idx in self._groups:
-            p = predict_batch(workload, batch, first.on_its_host(profile))
-            step[idx], energy[idx], alloc[idx] = p.step_time_s, p.gpu_energy_j, p.allocated_gpu_mem_gib
-            reserved[idx] = p.reserved_gpu_mem_gib
-            for name, values in p.phase_time_s.items():
+        scales = self.issue_scales(profile)
+        for g, (workload, batch, idx) in enumerate(self._groups):
+            prepared = self._prepared.get(g)
+            if prepared is None or not prepared.holds_for(profile):  # a fit moves time and power constants only
+                prepared = self._prepared[g] = prepare(workload, batch, profile)
+            tm, en = timed(prepared, profile, issue_scale=scales[idx])
+            step[idx], energy[idx] = tm.step_time_s, en.gpu_energy_j
+            alloc[idx] = prepared.memory.allocated_gpu_bytes / GIB
+            reserved[idx] = prepared.memory.reserved_gpu_bytes / GIB
+            for name, values in tm.phase_time_s.items():
                 phases.setdefault(name, np.zeros(self.n))[idx] = values
         return RunPredictions(step, energy, alloc, reserved, phases)
 
@@ -219,7 +236,9 @@ class ProfileFit:
         start = {p.name: get_value(base_profile, p.name) for p in params}
         values, fitted = dict(start), {}
         self.nfev_ = 0
-        for kind, (mask, residuals) in self._residual_functions(runs).items():
+        self.held_out_log_ratio_: dict[str, np.ndarray] = {}
+        functions = self._residual_functions(runs)
+        for kind, (mask, residuals) in functions.items():
             stage = [p for p in params if p.kind == kind]
             if not stage or not mask.any():
                 fitted.update({p.name: FittedParameter(p.name, kind, start[p.name], start[p.name], None, False)
@@ -227,6 +246,10 @@ class ProfileFit:
                 continue
             fitted.update(self._fit_stage(stage, values, base_profile, residuals, start, warm_start or {}, informed))
             values.update({name: f.value for name, f in fitted.items()})
+        if "energy" in self.held_out_log_ratio_ and "time" in self.held_out_log_ratio_ and self.energy_target == "power":
+            # log energy = log power + log time, each as if left out
+            self.held_out_log_ratio_["energy"] = (self.held_out_log_ratio_["energy"]
+                                                  + self.held_out_log_ratio_["time"][functions["energy"][0]])
 
         self.offload_start_pool_ = offload_start_pool_of(runs, base_profile) if self.fit_memory else None
         start_ratio = (self.offload_start_pool_[0] if self.offload_start_pool_ is not None
@@ -264,6 +287,7 @@ class ProfileFit:
             informed = np.array([p.name in known_informed for p in stage])
         free = informed if self.uninformed == "keep" else np.ones(len(stage), dtype=bool)
         x_final, std = np.where(free, x0, centre), np.full(len(stage), np.nan)
+        leverage = None
         if free.any():
             idx = np.flatnonzero(free)
             prior_w = np.sqrt(self.prior_strength) if self.prior_strength > 0 else 0.0
@@ -278,7 +302,15 @@ class ProfileFit:
                                    diff_step=1e-4, ftol=self.tol, xtol=self.tol, gtol=self.tol)
             self.nfev_ += int(result.nfev) + int(result.njev or 0) * len(idx)
             x_final[idx] = result.x
-            std[idx] = _standard_errors(result.jac, result.fun, n_data=len(result.fun) - len(idx))
+            n_data = len(result.fun) - len(idx)
+            std[idx] = _standard_errors(result.jac, result.fun, n_data=n_data)
+            leverage, r = _leverages(result.jac[:, result.active_mask == 0], n_data), result.fun[:n_data]
+        else:
+            r = residuals(profile_at(x_final))
+        # Each run's residual had it been left out (leverage-corrected: r / (1 - h), the linearised
+        # leave-one-out); a run that alone informs a constant has h near 1 and a large held-out error.
+        self.held_out_log_ratio_[stage[0].kind] = r / (1.0 - np.minimum(0.0 if leverage is None else leverage,
+                                                                         MAX_LEVERAGE))
         return {p.name: FittedParameter(p.name, p.kind, float(start[p.name]), float(x_final[j]),
                                         None if np.isnan(std[j]) else float(std[j]), bool(free[j]))
                 for j, p in enumerate(stage)}
@@ -420,6 +452,20 @@ def _probe(stage: list[FitParameter], x0: np.ndarray, profile_at: Callable, resi
         x[j] = np.clip(x[j] + p.scale if x[j] + p.scale <= p.upper else x[j] - p.scale, p.lower, p.upper)
         out[:, j] = np.abs(residuals(profile_at(x)) - r0)
     return out
+
+
+MAX_LEVERAGE = 0.95  # past it the linearisation says nothing: the run's error is taken as 20x its residual
+
+
+def _leverages(jac: np.ndarray, n_data: int) -> np.ndarray:
+    """The hat matrix's diagonal for the data rows, J_d (J^T J)^+ J_d^T, with the prior's rows in J (a
+    constant the prior holds is not free to follow one run) and the loss's weights (least_squares'
+    modified Jacobian)."""
+    if jac.shape[1] == 0:
+        return np.zeros(n_data)
+    inverse = np.linalg.pinv(jac.T @ jac)
+    data = jac[:n_data]
+    return np.clip(np.einsum("ij,jk,ik->i", data, inverse, data), 0.0, None)
 
 
 def _standard_errors(jac: np.ndarray, fun: np.ndarray, n_data: int) -> np.ndarray:

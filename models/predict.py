@@ -15,8 +15,8 @@ from models import energy as energy_mod
 from models import flops, memory, timing
 from models.architecture import Architecture
 from models.memory import GIB
-from models.params import count_params
-from models.profile import HardwareProfile
+from models.params import ParamCounts, count_params
+from models.profile import GpuSpec, HardwareProfile, MemorySpec
 from models.strategy import OFFLOAD_CPU, OFFLOAD_NAMES, Strategy, StrategyBatch, static_reasons
 from models.workload import Workload
 
@@ -232,29 +232,59 @@ def _as_batch(b: StrategyBatch) -> StrategyBatch:
     return StrategyBatch(**cols)
 
 
-def _memory_and_timing(workload: Workload, b: StrategyBatch, profile: HardwareProfile):
-    """The memory estimate and step timing of every strategy in `b` (one owner of the model's chain)."""
+@dataclass(frozen=True)
+class Prepared:
+    """A workload's strategies with what the time and power constants leave unchanged: parameter counts,
+    each micro-step's FLOPs and bytes, the memory estimate. A fit moves only those constants, so it
+    prepares each batch once (`holds_for` tells when a profile's GPU or memory figures moved after all)."""
+
+    workload: Workload
+    batch: StrategyBatch
+    counts: ParamCounts
+    work: flops.MicroStepWork
+    memory: memory.MemoryEstimate
+    gpu_spec: GpuSpec  # the profile's parts it was prepared with
+    memory_spec: MemorySpec
+
+    def holds_for(self, profile: HardwareProfile) -> bool:
+        return profile.gpu is self.gpu_spec and profile.memory is self.memory_spec
+
+
+def prepare(workload: Workload, batch: StrategyBatch, profile: HardwareProfile) -> Prepared:
+    b = _as_batch(batch)
     counts = count_params(workload)
-    work = flops.micro_step_work(workload, b.micro_batch, b.sp, b.checkpoint_every, profile.gpu.layer_elementwise,
-                                 profile.gpu.vision_elementwise)
-    mem = memory.estimate(workload, counts, work, b, profile)
-    return mem, timing.step_timing(workload, counts, work, mem, b, profile)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        work = flops.micro_step_work(workload, b.micro_batch, b.sp, b.checkpoint_every, profile.gpu.layer_elementwise,
+                                     profile.gpu.vision_elementwise)
+        mem = memory.estimate(workload, counts, work, b, profile)
+    return Prepared(workload, b, counts, work, mem, profile.gpu, profile.memory)
+
+
+def timed(prepared: Prepared, profile: HardwareProfile,
+          issue_scale=None) -> tuple[timing.StepTiming, energy_mod.StepEnergy]:
+    """The step timing and energy of a prepared batch on `profile` (see `timing.step_timing` for `issue_scale`)."""
+    assert prepared.holds_for(profile), "prepared with another profile's GPU or memory figures"
+    p = prepared
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        tm = timing.step_timing(p.workload, p.counts, p.work, p.memory, p.batch, profile, issue_scale)
+        return tm, energy_mod.step_energy(tm, p.batch, profile)
 
 
 def step_timing(workload: Workload, strategy: Strategy, profile: HardwareProfile) -> timing.StepTiming:
     """One strategy's step timing with the model's insides (each pass's issue and GPU time), for checks
     against measured passes (benchmarks/phase_passes.py)."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return _memory_and_timing(workload, _as_batch(StrategyBatch.from_strategies([strategy])), profile)[1]
+    return timed(prepare(workload, StrategyBatch.from_strategies([strategy]), profile), profile)[0]
 
 
-def predict_batch(workload: Workload, batch: StrategyBatch, profile: HardwareProfile) -> BatchPrediction:
-    """Time, energy, memory and feasibility of every strategy in `batch` (vectorised)."""
-    b = _as_batch(batch)
+def predict_batch(workload: Workload, batch: StrategyBatch, profile: HardwareProfile,
+                  issue_scale=None) -> BatchPrediction:
+    """Time, energy, memory and feasibility of every strategy in `batch` (vectorised). `issue_scale`, one
+    a strategy, puts each on a host of its own (`timing.step_timing`): measured runs, predicted together."""
+    prepared = prepare(workload, batch, profile)
+    b, mem = prepared.batch, prepared.memory
     assert len({len(getattr(b, f.name)) for f in dataclasses.fields(StrategyBatch)}) == 1, "ragged batch"
+    tm, en = timed(prepared, profile, issue_scale)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        mem, tm = _memory_and_timing(workload, b, profile)
-        en = energy_mod.step_energy(tm, b, profile)
         global_batch = b.micro_batch * b.dp * b.grad_accum
         tokens_per_s = global_batch * workload.seq_len / tm.step_time_s
     peak_gpu = mem.peak_gpu_bytes / GIB

@@ -428,7 +428,7 @@ def _pass_ratios(ratios) -> tuple[float, float, float]:
 
 
 def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, b: StrategyBatch, lay: Layout,
-                          profile: HardwareProfile, gpu: _PassSeconds) -> _Overhead:
+                          profile: HardwareProfile, gpu: _PassSeconds, issue_scale) -> _Overhead:
     """DeepSpeed's fixed per-step and per-micro-step costs and its host-side offload work; and apart,
     the host's issue time where it outlasts the GPU's work, pass by pass."""
     ov = profile.overheads
@@ -456,7 +456,7 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # besides): host-bound, so it runs at the host's issue speed.
     per_tensor = (np.where(~lay.z3 & ~lay.optimizer_offload, ov.step_per_tensor.value, 0.0)
                   + np.where(lay.z12 & ~lay.optimizer_offload, ov.zero12_step_per_tensor.value, 0.0))
-    overhead = overhead + profile.host_issue_scale * per_tensor * ps.trainable_tensors
+    overhead = overhead + issue_scale * per_tensor * ps.trainable_tensors
     # The host issues each layer's work asynchronously; when a pass's GPU work is shorter than the
     # host's issue time for it, the GPU waits for the host (small models, short sequences): that
     # wait is exposed, the rest of the issue time hides behind the GPU. The forward and the backward
@@ -479,17 +479,16 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # accumulation boundary and do nearly nothing before it (stage_1_and_2.py
     # `reduce_ready_partitions_and_remove_grads`; on H200, TinyLlama 1k at four micro-batches took
     # 0.36 s under ZeRO-1 and 0.68 s under ZeRO-2, at one micro-batch 0.20 and 0.19 s).
-    scale = profile.host_issue_scale
     checkpointed = work.checkpointed_layers
     hook_b, hook_cf, hook_r = _pass_ratios(profile.host.zero3_hook_pass)
-    z3_hooks = np.where(lay.z3, 1.0, 0.0) * scale * ov.zero3_module_pass.value
+    z3_hooks = np.where(lay.z3, 1.0, 0.0) * issue_scale * ov.zero3_module_pass.value
     # A checkpointed layer's modules are those it recomputes: their first forward takes hook_cf.
     hooks_f = z3_hooks * (ps.forward_modules - ps.recompute_modules + hook_cf * ps.recompute_modules)
     hooks_b = z3_hooks * (hook_b * ps.backward_modules + hook_r * ps.recompute_modules)
     backward, checkpointed_forward, recompute = _pass_ratios(profile.host.pass_issue)
-    issue_f = scale * ov.layer_pass.value * (layers - checkpointed + checkpointed_forward * checkpointed) + hooks_f
-    issue_b = scale * ov.layer_pass.value * (backward * layers + recompute * checkpointed) + hooks_b
-    grad_hooks = scale * ps.backward_modules * ov.zero12_grad_hook.value
+    issue_f = issue_scale * ov.layer_pass.value * (layers - checkpointed + checkpointed_forward * checkpointed) + hooks_f
+    issue_b = issue_scale * ov.layer_pass.value * (backward * layers + recompute * checkpointed) + hooks_b
+    grad_hooks = issue_scale * ps.backward_modules * ov.zero12_grad_hook.value
     issue_b_normal = issue_b + np.where(lay.zero_stage == 2, grad_hooks, 0.0)
     issue_b_last = issue_b + np.where(lay.z12, grad_hooks, 0.0)
     serial = np.where(lay.z3 & (b.gpus > 1), ov.zero3_host_serial.value, 0.0)
@@ -510,7 +509,9 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
 
 
 def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, mem: MemoryEstimate,
-                b: StrategyBatch, profile: HardwareProfile) -> StepTiming:
+                b: StrategyBatch, profile: HardwareProfile, issue_scale=None) -> StepTiming:
+    """`issue_scale`: how much slower than the issue constants' host each strategy's host issues work
+    (one a strategy: measured runs each on their own host); None: the profile's host (`host_issue_scale`)."""
     lay = mem.layout
     ct = _compute_times(profile, work)
     z = np.zeros(len(b))
@@ -545,7 +546,8 @@ def step_timing(workload: Workload, counts: ParamCounts, work: MicroStepWork, me
         "backward": {**backward_kinds, "communication": coll.last_backward + copies.last_backward + z,
                      "communication_added": wbl.extra + z},
     }
-    host = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, gpu)
+    host = _deepspeed_overhead_s(workload, work, ps, b, lay, profile, gpu,
+                                 profile.host_issue_scale if issue_scale is None else np.asarray(issue_scale))
 
     phases = {
         "compute": ga * (ct["gemm_f"] + ct["gemm_b"]) + z,

@@ -50,7 +50,7 @@ def test_fit_writes_a_fitted_profile_and_reports_leave_one_out(files, fitted):
     eff = names["overheads.compute_efficiency"]
     assert eff["informed"] and profile.overheads.compute_efficiency.value == pytest.approx(eff["value"])
     loo = fitted["leave_one_out"]
-    assert loo["mode"] == "leave-one-out"
+    assert loo["mode"] == "leave-one-out, leverage-corrected"  # from the one fit; --exact refits
     families = {f["family"]: f for f in loo["families"]}
     assert families["all"]["n"] == 9 and families["all"]["step_time"]["mape"] is not None
     assert sum(f["n"] for name, f in families.items() if name != "all") == 9
@@ -148,11 +148,12 @@ def test_a_stopped_refit_takes_its_worker_processes_with_it(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, "-m", "advisor.cli", "fit", "--runs", str(repo / "data/runs/h200-x1-2026-12-01.jsonl"),
-         "--profile", "h200", "--out", str(tmp_path / "fitted.json"), "--prior-strength", "0.001", "--jobs", "2"],
+         "--profile", "h200", "--out", str(tmp_path / "fitted.json"), "--prior-strength", "0.001", "--jobs", "2",
+         "--exact"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=repo)
     try:
         for line in proc.stderr:
-            if line.startswith("fitted to"):
+            if line.startswith("fitted in"):
                 break
         deadline, workers = time.monotonic() + 60, []
         while time.monotonic() < deadline and len(workers) < 2:  # the refits' processes start
