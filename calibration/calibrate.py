@@ -64,7 +64,12 @@ def plan(ctx: BenchContext, only: tuple[str, ...] = ()) -> list[BenchItem]:
     """Every benchmark in run order: cold idle power first, the other power phases last."""
     items = [power.item("idle")]
     for module in (compute, layer, hostlink, cpu, pass_issue, zero3_hooks, param_refresh, collectives, memory, overlap, power, wait_decay):
+        if module is param_refresh:
+            items.append(cpu.host_issue_item("mid"))
         items += module.items(ctx)
+    # The host probe midway and at the end too: one reading scatters with the host's spells (262 us on a
+    # lent H100 whose runs then probed 130-220 us), so the profile takes the median of three.
+    items.append(cpu.host_issue_item("end"))
     return [i for i in items if not only or i.family in only]
 
 

@@ -268,10 +268,11 @@ class ProfileBuilder:
                     f"{'measured' if not self.cpu else 'measured on the CPU path'}: parameter refresh "
                     f"({path}) of {rows[0]['params']} fp32 params on {_span([r['threads'] for r in rows], '')} "
                     f"threads, median")
-        issue = [r for r in self.family("host_issue") if r.get("ran", True)]
-        issue_q = _q(issue[0]["us_per_layer"] * 1e-6, "s",
+        issue_us = [r["us_per_layer"] for r in self.family("host_issue") if r.get("ran", True)]
+        issue_q = _q(median(issue_us) * 1e-6, "s",
                      f"{'measured' if not self.cpu else 'measured on the CPU path'}: the host probe's issue time "
-                     f"of a tiny layer's forward and backward, on {issue[0]['threads']} threads, median") if issue else None
+                     f"of a tiny layer's forward and backward, the median of {len(issue_us)} reading(s) through "
+                     f"the calibration ({', '.join(f'{us:.0f}' for us in issue_us)} us)") if issue_us else None
         passes = self.pass_issue()
         hooks = self.zero3_hook_pass()
         mem_q = None

@@ -202,13 +202,19 @@ def bench_host_memory(ctx: BenchContext) -> dict:
             "time_s": t, "bytes_per_s": 2 * nbytes / t}
 
 
+def host_issue_item(when: str = "") -> BenchItem:
+    """The host probe as a calibration item; `when` names a later reading of the same probe."""
+    return BenchItem("cpu/host_issue" + (f"/{when}" if when else ""), "host_issue", bench_host_issue,
+                     label="host issue time per layer" + (f" ({when})" if when else ""))
+
+
 def items(ctx: BenchContext) -> list[BenchItem]:
     by_threads = [BenchItem(f"cpu/adam/threads-{t}", "cpu_adam_threads",
                             lambda c, t=t: bench_cpu_adam(c, t), label=f"CPU Adam step, {t} thread{'s' * (t > 1)}")
                   for t in thread_counts(host_cores())]
     return [
         BenchItem("cpu/host_memory", "host_memory", bench_host_memory, label="host memory copy, all cores"),
-        BenchItem("cpu/host_issue", "host_issue", bench_host_issue, label="host issue time per layer"),
+        host_issue_item(),
         BenchItem("cpu/adam", "cpu_adam", bench_cpu_adam, label="CPU Adam step, all cores"),
         *by_threads,
     ]

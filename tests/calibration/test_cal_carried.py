@@ -98,3 +98,25 @@ def test_carried_overheads_rescale_by_the_cpu_rate_at_the_default_threads(h200):
              / float(host.cpu_rate_on_threads(threads, h200.gpus_per_node.value)))
     assert out["offload_step_per_gparam"]["value"] == pytest.approx(h200.overheads.offload_step_per_gparam.value * ratio)
     assert ratio > 1  # a 1e9 params/s host is slower than the reference's
+
+
+def test_the_host_probe_is_the_median_of_its_readings_through_the_calibration(h200):
+    results = one_gpu_results(issue_us=262.0)
+    for key, us in (("cpu/host_issue/mid", 180.0), ("cpu/host_issue/end", 190.0)):
+        results[key] = rr(key, "host_issue", {"ran": True, "us_per_layer": us, "threads": 16})
+    p = parse_profile(build_profile(env(world=1, local=1), results, name="new", raw_file="t.raw.jsonl",
+                                    reference=h200))
+    assert p.host.issue_per_layer.value == pytest.approx(190e-6)
+    assert "median of 3 reading(s)" in p.host.issue_per_layer.source
+
+
+def test_the_calibration_probes_the_host_three_times():
+    from calibration.calibrate import plan
+    from calibration.microbench.common import BenchContext, sizes_for
+
+    import torch
+
+    ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True), rank=0, world_size=1, local_rank=0,
+                       local_world_size=1, backend="gloo", cpu_adam="torch")
+    keys = [i.key for i in plan(ctx, ("host_issue",))]
+    assert keys == ["cpu/host_issue", "cpu/host_issue/mid", "cpu/host_issue/end"]
