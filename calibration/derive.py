@@ -90,6 +90,24 @@ def _target_only(sheet: Datasheet, *names: str) -> None:
         raise DeriveError(f"datasheet '{sheet.name}' lacks {', '.join(missing)}, which the target's profile needs")
 
 
+# How a decoder layer's memory-bound kernels (norms, RoPE, activations, casts) follow HBM bandwidth: their
+# time as (HBM ratio)^-0.45, not ^-1. Calibrated on a lent H100 (2026-12-06) against the h200 profile, the
+# eight elementwise widths moved 0.75-0.97 (median 0.83) of H200's bytes at 0.71 of its measured HBM rate:
+# 1.17x H200's time where the HBM ratio says 1.41x (kernels of a few MB are partly latency-bound).
+# tests/calibration/test_cal_derive.py recomputes it from the two calibrations.
+ELEMENTWISE_HBM_EXPONENT = 0.45
+
+
+def elementwise_bytes(measured: dict, hbm_ratio: float, origin: str) -> dict:
+    """An elementwise width's bytes for a GPU of `hbm_ratio` times the reference's HBM bandwidth: scaled so
+    its time goes as hbm_ratio ** -ELEMENTWISE_HBM_EXPONENT (the model divides bytes by the HBM rate)."""
+    factor = hbm_ratio ** (1.0 - ELEMENTWISE_HBM_EXPONENT)
+    return dict(measured, value=measured["value"] * factor,
+                source=f"derived: {origin} x {factor:.4g} = (HBM ratio {hbm_ratio:.4g}) ^ (1 - "
+                       f"{ELEMENTWISE_HBM_EXPONENT}), the exponent an H100 calibration measured against H200's: "
+                       f"{measured['source']}")
+
+
 def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Datasheet, date: str) -> HardwareProfile:
     """`sheet`'s machine as `reference` measured it, scaled by the datasheets' ratios."""
     _target_only(sheet, "gpu_memory_gib", "inter_node_link", "host_cores", "host_memory_gib", "cpu_idle", "cpu_optimizer",
@@ -126,9 +144,10 @@ def derive_profile(reference: HardwareProfile, ref_sheet: Datasheet, sheet: Data
     for ratio in ("attention_fwd_head_dim_ratio", "attention_bwd_head_dim_ratio"):
         if gpu.get(ratio):  # the same kernels on the same architecture (Hopper): no datasheet figure
             gpu[ratio] = carried(gpu[ratio])
-    for block in ("layer_elementwise", "vision_elementwise"):  # the same kernels, as bytes: at the target's own HBM bandwidth
+    hbm_ratio = sheet.hbm_bandwidth.value / ref_sheet.hbm_bandwidth.value
+    for block in ("layer_elementwise", "vision_elementwise"):  # the same kernels: their time follows HBM in part
         if gpu.get(block):
-            gpu[block] = {k: carried(v) for k, v in gpu[block].items() if v is not None}
+            gpu[block] = {k: elementwise_bytes(v, hbm_ratio, origin) for k, v in gpu[block].items() if v is not None}
     if gpu.get("optimizer_step_bytes_per_param"):  # the same step's kernels, as bytes: likewise
         gpu["optimizer_step_bytes_per_param"] = carried(gpu["optimizer_step_bytes_per_param"])
     host = ref["host"]

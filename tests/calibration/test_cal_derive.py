@@ -44,9 +44,13 @@ def test_what_no_datasheet_states_is_the_reference_s(derived):
     assert (derived.memory.fragmentation_offload_checkpointed.value
             == h200.memory.fragmentation_offload_checkpointed.value)
     assert derived.fit is None and derived.provenance.kind == "derived"
-    # a layer's elementwise kernels as bytes: the same kernels, at GH200's own HBM bandwidth
-    assert derived.gpu.layer_elementwise.per_hidden.value == h200.gpu.layer_elementwise.per_hidden.value
-    assert "no datasheet figure" in derived.gpu.layer_elementwise.per_ffn.source
+    # a layer's elementwise kernels: their time as the HBM ratio to the measured exponent, not the ratio itself
+    from calibration.derive import ELEMENTWISE_HBM_EXPONENT
+
+    ratio = 4.0e12 / 4.8e12  # the two datasheets' HBM bandwidths
+    factor = derived.gpu.layer_elementwise.per_hidden.value / h200.gpu.layer_elementwise.per_hidden.value
+    assert factor == pytest.approx(ratio ** (1 - ELEMENTWISE_HBM_EXPONENT))
+    assert "the exponent an H100 calibration measured" in derived.gpu.layer_elementwise.per_ffn.source
     # so is the optimizer step's work per parameter
     assert derived.gpu.optimizer_step_bytes_per_param.value == h200.gpu.optimizer_step_bytes_per_param.value
     assert "no datasheet figure" in derived.gpu.optimizer_step_bytes_per_param.source
@@ -117,3 +121,24 @@ def test_command_writes_and_refuses(tmp_path, capsys):
 
 def test_datasheets_shipped_parse():
     assert isinstance(load_datasheet("gh200"), Datasheet) and isinstance(load_datasheet("h200"), Datasheet)
+
+
+def test_the_elementwise_exponent_is_what_an_h100_calibration_measured_against_h200():
+    """calibration.derive.ELEMENTWISE_HBM_EXPONENT from the two calibrations it cites: the elementwise
+    widths' time ratio, H100 over H200 (bytes over each one's measured HBM rate), as a power of their HBM ratio."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from calibration.derive import ELEMENTWISE_HBM_EXPONENT
+    from models.profile import load_profile
+
+    h200 = load_profile("h200")
+    h100 = load_profile(Path(__file__).resolve().parents[2] / "data/calibration/h100/h100-calibrated-2026-12-06.json")
+    hbm_ratio = h100.gpu.hbm_bandwidth.value / h200.gpu.hbm_bandwidth.value
+    bytes_ratios = [getattr(getattr(h100.gpu, block), k).value / q.value
+                    for block in ("layer_elementwise", "vision_elementwise")
+                    for k, q in getattr(h200.gpu, block) if hasattr(q, "value") and getattr(getattr(h100.gpu, block), k)]
+    time_ratio = float(np.median(bytes_ratios)) / hbm_ratio
+    assert len(bytes_ratios) == 8
+    assert np.log(time_ratio) / np.log(1 / hbm_ratio) == pytest.approx(ELEMENTWISE_HBM_EXPONENT, abs=0.01)
