@@ -396,6 +396,8 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     plan = plan_dict(result, chosen, band, req.workload.seq_len)
     if s.plan_only:
         return LoopOutcome(chosen, plan, None, None, None, "")
+    if s.refit:  # before the runs, not after them
+        check_refit_runs(req.profile, s.store)
     from advisor.host_check import worst_host_note
     from advisor.validate import at_probed_host, print_progress
 
@@ -413,6 +415,17 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     host_note = worst_host_note([m.record for m in measured], req.profile)
     again = tuple(at_probed_host(m.record, req.profile) if m.record else None for m in measured)
     return LoopOutcome(chosen, plan, measured, verdict, refit_path, refit_note, host_note, again)
+
+
+def check_refit_runs(profile, store: str | None) -> None:
+    """A refit needs the runs the profile was fitted to: in the store, or else in the repository's data/runs."""
+    from models.fit import fitted_run_ids
+    from runs.measured import gather_records, require_shipped_runs
+    from runs.store import default_store_path
+
+    store = store or default_store_path()
+    stored = {r.key for r in gather_records([], store)} if Path(store).exists() else set()
+    require_shipped_runs(fitted_run_ids(profile) - stored)
 
 
 def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[str | None, str]:
