@@ -23,14 +23,16 @@ fail() { echo "user flows: FAILED: $*" >&2; exit 1; }
 # Run a command; it must exit 0 and print no traceback. Its stdout is left in $WORK/out, stderr in $WORK/err.
 clean_run() {
     echo "+ $*"
-    "$@" >"$WORK/out" 2>"$WORK/err" || { tail -n 40 "$WORK/out" "$WORK/err"; fail "$* (exit $?)"; }
+    local rc=0
+    "$@" >"$WORK/out" 2>"$WORK/err" || rc=$?
+    [ "$rc" = 0 ] || { tail -n 40 "$WORK/out" "$WORK/err"; fail "$* (exit $rc)"; }
     ! grep -q Traceback "$WORK/out" "$WORK/err" || { cat "$WORK/out" "$WORK/err"; fail "$*: traceback"; }
 }
 
 # The output (stdout and stderr) of the last command must hold each of the given strings.
 holds() {
     for s in "$@"; do
-        cat "$WORK/out" "$WORK/err" | grep -qF -- "$s" || { tail -n 40 "$WORK/out" "$WORK/err"; fail "no '$s' in the output"; }
+        grep -qF -- "$s" "$WORK/out" "$WORK/err" || { tail -n 40 "$WORK/out" "$WORK/err"; fail "no '$s' in the output"; }
     done
 }
 
