@@ -428,6 +428,17 @@ def check_refit_runs(profile, store: str | None) -> None:
     require_shipped_runs(fitted_run_ids(profile) - stored)
 
 
+def refit_folder(old: Path) -> Path:
+    """Where a refit of the profile at `old` goes: beside it; but a shipped one lives in the installed
+    package (named by name or by path), which no refit writes into, so its refit goes to this folder."""
+    import os
+
+    from models.profile import PROFILES_DIR
+
+    shipped = old.parent.resolve() == PROFILES_DIR.resolve()
+    return old.parent if os.access(old.parent, os.W_OK) and not shipped else Path.cwd()
+
+
 def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[str | None, str]:
     """Refit the profile on every run in the store and the shipped runs it was fitted to; write it (and
     its band) beside the old profile, under a new name, never over it."""
@@ -437,7 +448,7 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     from advisor.refit import refit, to_stderr
     from models.band import band_path
     from models.fit import fitted_run_ids
-    from models.profile import PROFILES_DIR, profile_path
+    from models.profile import profile_path
     from runs.measured import gather_records, shipped_records, to_run_set
     from runs.store import default_store_path
 
@@ -446,8 +457,7 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     if len(run_set.runs) < 2:
         return None, f"not refitted: {run_set.summary()} in {store}"
     old = profile_path(profile_name)
-    # Beside the old profile; a shipped one lives in the package, so its refit goes to this folder.
-    folder = old.parent if os.access(old.parent, os.W_OK) and old.parent != PROFILES_DIR else Path.cwd()
+    folder = refit_folder(old)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = folder / f"{old.stem}.refit-{stamp}.json"
     to_stderr(f"refitting {profile_name} to {run_set.summary()}, each run left out once...")
