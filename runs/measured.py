@@ -231,7 +231,7 @@ def to_run_set(records: list[RunRecord]) -> RunSet:
     return RunSet(runs, dict(failed), skipped, len(timed) - len(by_key))
 
 
-# In the repository, not the wheel: 6.5 MB of evidence that only a refit of a shipped profile reads.
+# In the repository, not the wheel: 6.5 MB of evidence, read by the benchmarks and by a refit of a shipped profile.
 SHIPPED_RUNS = REPO_ROOT / "data" / "runs"
 # Runs kept out of the time and energy fit (data/runs/README.md says why); their memory is valid.
 EXCLUDED_RUNS = SHIPPED_RUNS / "excluded"
