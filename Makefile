@@ -6,9 +6,10 @@ PIP = $(PYTHON) -m pip
 
 .PHONY: demo test test-deps bench
 
+# `python -m advisor.cli` is the `advisor` command of the Python that installed it (PATH may hold another).
 demo:
 	$(PIP) install -e .
-	advisor recommend --model 7B --seq 32k
+	$(PYTHON) -m advisor.cli recommend --model 7B --seq 32k
 
 # torch first, so DeepSpeed (an sdist) builds against it; DS_BUILD_OPS=0 gives the pure-Python
 # wheel whose ops compile at first use. Each step is a no-op when already satisfied.

@@ -15,6 +15,7 @@ import time
 
 import click
 
+from advisor.extras import is_gpu_module, missing_line
 from advisor.inputs import (
     MAX_COUNT,
     MAX_GPUS,
@@ -81,6 +82,10 @@ class AdvisorGroup(click.Group):
         except click.UsageError as exc:
             where = f" (see advisor {ctx.invoked_subcommand} --help)" if ctx.invoked_subcommand else ""
             raise OneLineUsageError(exc.format_message().replace("\n", " ") + where) from None
+        except ModuleNotFoundError as exc:
+            if is_gpu_module(exc.name):
+                raise click.ClickException(missing_line(ctx.invoked_subcommand, exc.name)) from None
+            raise
         except Exception as exc:
             if _is_user_error(exc):
                 raise click.ClickException(" ".join(str(exc).split())) from None

@@ -411,6 +411,8 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     plan = plan_dict(result, chosen, band, req.workload.seq_len)
     if s.plan_only:
         return LoopOutcome(chosen, plan, None, None, None, "")
+    if s.refit:  # before the runs, not after them
+        check_refit_runs(req.profile, s.store)
     from advisor.host_check import worst_host_note
     from advisor.validate import at_probed_host, print_progress
 
@@ -430,6 +432,28 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     return LoopOutcome(chosen, plan, measured, verdict, refit_path, refit_note, host_note, again)
 
 
+def check_refit_runs(profile, store: str | None) -> None:
+    """A refit needs the runs the profile was fitted to: in the store, or else in the repository's data/runs."""
+    from models.fit import fitted_run_ids
+    from runs.measured import gather_records, require_shipped_runs
+    from runs.store import default_store_path
+
+    store = store or default_store_path()
+    stored = {r.key for r in gather_records([], store)} if Path(store).exists() else set()
+    require_shipped_runs(fitted_run_ids(profile) - stored)
+
+
+def refit_folder(old: Path) -> Path:
+    """Where a refit of the profile at `old` goes: beside it; but a shipped one lives in the installed
+    package (named by name or by path), which no refit writes into, so its refit goes to this folder."""
+    import os
+
+    from models.profile import PROFILES_DIR
+
+    shipped = old.parent.resolve() == PROFILES_DIR.resolve()
+    return old.parent if os.access(old.parent, os.W_OK) and not shipped else Path.cwd()
+
+
 def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[str | None, str]:
     """Refit the profile on every run in the store and the shipped runs it was fitted to; write it (and
     its band) beside the old profile, under a new name, never over it."""
@@ -439,7 +463,7 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     from advisor.refit import refit, to_stderr
     from models.band import band_path
     from models.fit import fitted_run_ids
-    from models.profile import PROFILES_DIR, profile_path
+    from models.profile import profile_path
     from runs.measured import gather_records, shipped_records, to_run_set
     from runs.store import default_store_path
 
@@ -448,8 +472,7 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     if len(run_set.runs) < 2:
         return None, f"not refitted: {run_set.summary()} in {store}"
     old = profile_path(profile_name)
-    # Beside the old profile; a shipped one lives in the package, so its refit goes to this folder.
-    folder = old.parent if os.access(old.parent, os.W_OK) and old.parent != PROFILES_DIR else Path.cwd()
+    folder = refit_folder(old)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = folder / f"{old.stem}.refit-{stamp}.json"
     to_stderr(f"refitting {profile_name} to {run_set.summary()}, each run left out once...")

@@ -298,17 +298,17 @@ def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir
 
 def local_slots(parallel: bool = True) -> list:
     """This machine's GPUs as run slots (the visible ones), each with its share of the cores; one
-    slot without a GPU on a CPU-only machine."""
+    slot without a GPU on a CPU-only machine. The runs need torch and DeepSpeed: without them this
+    fails (ModuleNotFoundError, one line from the CLI) before any run starts."""
     import os
 
+    from advisor.extras import require_gpu_extra
     from calibration.harness.runner import Slot, split_slots
 
-    try:
-        import torch
+    require_gpu_extra()
+    import torch
 
-        count = torch.cuda.device_count()
-    except ImportError:
-        count = 0
+    count = torch.cuda.device_count()
     if count == 0:
         return [Slot()]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()

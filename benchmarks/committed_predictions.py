@@ -170,6 +170,15 @@ def main(argv=None) -> int:
     return 0
 
 
+def profile_at(commit: str) -> str:
+    """The h200 profile's text at a commit: in data/profiles/ until the profiles became package data."""
+    for path in ("models/profiles/h200.json", "data/profiles/h200.json"):
+        shown = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO, capture_output=True, text=True, timeout=30)
+        if shown.returncode == 0:
+            return shown.stdout
+    raise FileNotFoundError(f"no h200 profile at {commit[:7]}")
+
+
 def show_on_probed_host(predicted_path: Path, records: list, as_json: bool) -> int:
     from models.predict import predict
     from models.profile import parse_profile
@@ -183,9 +192,7 @@ def show_on_probed_host(predicted_path: Path, records: list, as_json: bool) -> i
         print(f"{predicted_path.name} is not committed: no profile to predict with", file=sys.stderr)
         return 2
     commit, since = first
-    shown = subprocess.run(["git", "show", f"{commit}:data/profiles/h200.json"], cwd=REPO, capture_output=True,
-                           text=True, timeout=30, check=True).stdout
-    profile = parse_profile(json.loads(shown), origin=f"h200 at {commit[:7]}")
+    profile = parse_profile(json.loads(profile_at(commit)), origin=f"h200 at {commit[:7]}")
     after = made_after(records, since)
     rows = []
     for line in predicted_path.read_text().splitlines():

@@ -1,8 +1,7 @@
 """A profile for a machine nobody has calibrated yet, from one recipe: a measured (and fitted)
 reference profile, scaled by the ratios of two datasheets.
 
-    python -m calibration.derive --reference h200 --datasheet data/datasheets/gh200.json \
-        --out data/profiles/gh200.json
+    python -m calibration.derive --reference h200 --datasheet gh200 --out models/profiles/gh200.json
 
 What a datasheet states (bf16 peak, HBM, NVLink, host link, host memory bandwidth, capacities,
 the power cap) enters as the ratio target / reference applied to the reference's *measured*
@@ -15,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -33,7 +33,8 @@ from models.profile import (
     parse_profile,
 )
 
-DATASHEETS_DIR = Path(__file__).resolve().parents[1] / "data" / "datasheets"
+# The shipped datasheets (NAME.json), package data: `calibration.derive --datasheet NAME` reads them.
+DATASHEETS = resources.files(__package__) / "datasheets"
 NETWORK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
@@ -73,9 +74,10 @@ class DeriveError(ValueError):
 
 
 def load_datasheet(name_or_path: str | Path) -> Datasheet:
+    """A shipped datasheet by name (`gh200`), or any datasheet JSON by path."""
     path = Path(name_or_path)
     if path.suffix != ".json":
-        path = DATASHEETS_DIR / f"{name_or_path}.json"
+        path = DATASHEETS / f"{name_or_path}.json"
     try:
         return Datasheet.model_validate(json.loads(path.read_text()))
     except FileNotFoundError:
@@ -252,7 +254,7 @@ def _scaled_collective(measured: dict, ratio: float, rule: str, origin: str) -> 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reference", required=True, help="measured or fitted profile (name or JSON path)")
-    p.add_argument("--reference-datasheet", help="the reference machine's datasheet (default: data/datasheets/<reference name>.json)")
+    p.add_argument("--reference-datasheet", help="the reference machine's datasheet (default: the shipped datasheet of the reference's name)")
     p.add_argument("--datasheet", required=True, help="the target machine's datasheet (name or JSON path)")
     p.add_argument("--date", required=True, help="the date to record (YYYY-MM-DD): the same inputs give the same file")
     p.add_argument("--out", required=True, help="profile JSON to write")

@@ -1,6 +1,6 @@
 """Put what one calibration's raw file measured into an existing profile, keeping the rest.
 
-    python -m calibration.merge RAW.jsonl [RAW2.jsonl ...] --into data/profiles/h200.json [--out PATH]
+    python -m calibration.merge RAW.jsonl [RAW2.jsonl ...] --into models/profiles/h200.json [--out PATH]
 
 Several raw files are one machine's repeated runs, pooled: each family's median is taken over the
 rows of all of them.

@@ -1,6 +1,6 @@
 """The optimizer step's GPU work per parameter, from real runs timed pass by pass, into a profile.
 
-    python -m calibration.optimizer_step --runs RUNS.jsonl --traces DIR --into data/profiles/h200.json [--out PATH]
+    python -m calibration.optimizer_step --runs RUNS.jsonl --traces DIR --into models/profiles/h200.json [--out PATH]
 
 DIR holds the runs' phase traces (`ADVISOR_PHASE_TRACE`, `calibration/harness/phase_trace.py`), one
 `KEY.json` per run record. For each run that keeps its optimizer on the GPU, the GPU's busy seconds in

@@ -20,7 +20,20 @@ RUNTIME_PACKAGES = (
 )
 # pip matches manylinux_2_N tags exactly (it expands only manylinux2014/2010), so list several.
 MANYLINUX_GLIBC = (17, 24, 27, 28, 31, 34)
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+PROJECT_DIR = Path(__file__).resolve().parent.parent  # the checkout's root, where this runs from one
+
+
+class NoProjectSource(ValueError):
+    """The advisor's own wheel is built from its source, and an advisor installed from a wheel has none."""
+
+
+def project_source(project_dir: Path = PROJECT_DIR) -> Path:
+    """The folder whose pyproject.toml builds the advisor's wheel; NoProjectSource where there is none."""
+    if not (project_dir / "pyproject.toml").is_file():
+        raise NoProjectSource(f"advisor wheelhouse builds the advisor's own wheel from its source, and this "
+                              f"advisor was installed without it ({project_dir} has no pyproject.toml): run it "
+                              "from a checkout of the repository")
+    return project_dir
 
 
 def default_platforms(arch: str = "x86_64") -> list[str]:
@@ -50,6 +63,7 @@ class Step:
 def plan(out_dir: Path, *, python_version: str, platforms: list[str], deepspeed_version: str,
          project_dir: Path = PROJECT_DIR, extra: tuple[str, ...] = (), python: str = sys.executable) -> list[Step]:
     """The commands that build the wheelhouse; `run_plan` executes them."""
+    project_dir = project_source(project_dir)
     pip = (python, "-m", "pip")
     out = str(out_dir)
     target = ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
@@ -57,7 +71,7 @@ def plan(out_dir: Path, *, python_version: str, platforms: list[str], deepspeed_
         target += ["--platform", p]
     wanted = list(RUNTIME_PACKAGES) + project_dependencies(project_dir) + list(extra)
     return [
-        Step("this project's wheel (pure Python)",
+        Step("the advisor's own wheel (pure Python, with its presets, profiles and datasheets)",
              (*pip, "wheel", "--no-deps", "--wheel-dir", out, str(project_dir))),
         Step(f"DeepSpeed {deepspeed_version} as a pure-Python wheel (ops compile on the node at first use)",
              (*pip, "wheel", f"deepspeed=={deepspeed_version}", "--no-deps", "--no-build-isolation",

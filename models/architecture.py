@@ -6,7 +6,8 @@ Mixture-of-experts configs and decoders of another block (a plain GELU MLP, Laye
 attention: GPT-NeoX, Phi-2, StarCoder2, ...) are refused: they would be counted as dense SwiGLU
 decoders, and a prediction that looks right but is not is worse than none.
 
-Presets ship as JSON files in data/models/ (one per model, Hugging Face field names).
+Presets ship as JSON files in models/presets/ (one per model, Hugging Face field names), package
+data read through importlib.resources, so an installed wheel has them.
 A user's own `config.json` in the Hugging Face format is read the same way; LLaVA's
 layout (`text_config` + `vision_config`) and Qwen2-VL's (top-level text fields +
 `vision_config`) both work.
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = REPO_ROOT / "data" / "models"
+PRESETS = resources.files(__package__) / "presets"
 
 # Short names users type; the README says which model each one means.
 ALIASES = {"7B": "llama-2-7b", "13B": "llama-2-13b", "70B": "llama-2-70b"}
@@ -295,7 +297,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
 
 
 def known_presets() -> list[str]:
-    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+    return sorted(p.name.removesuffix(".json") for p in PRESETS.iterdir() if p.name.endswith(".json"))
 
 
 def load_architecture(preset_or_path: str) -> Architecture:
@@ -317,8 +319,8 @@ def load_architecture(preset_or_path: str) -> Architecture:
         name = path.parent.name if path.name == "config.json" else path.stem
     else:
         name = ALIASES.get(preset_or_path, ALIASES.get(preset_or_path.upper(), preset_or_path.lower()))
-        path = MODELS_DIR / f"{name}.json"
-        if not path.exists():
+        path = PRESETS / f"{name}.json"
+        if not path.is_file():
             aliases = ", ".join(f"{k}={v}" for k, v in ALIASES.items())
             raise ModelConfigError(
                 f"unknown model '{preset_or_path}'; known presets: {', '.join(known_presets())} (aliases {aliases})"

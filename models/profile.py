@@ -9,6 +9,7 @@ measured ends: the model never extrapolates a curve past what was measured).
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -16,7 +17,9 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
+# The shipped profiles and their bands, package data. A folder on disk (setuptools installs a wheel
+# unpacked), so a profile's band and a refit of it are paths beside it.
+PROFILES_DIR: Path = resources.files(__package__) / "profiles"
 DEFAULT_PROFILE = "gh200"
 
 
@@ -636,15 +639,18 @@ def parse_profile(data: dict, origin: str = "<dict>") -> HardwareProfile:
         raise ProfileError(f"{origin}: bad key '{key}': {first['msg']}") from None
 
 
+def shipped_profiles() -> list[str]:
+    """The names of the shipped profiles: NAME.json is a profile; NAME.band.json and the like are its companions."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json") if "." not in p.stem)
+
+
 def profile_path(name_or_path: str | Path = DEFAULT_PROFILE) -> Path:
     """The file of a shipped profile's name (`gh200`, `h200`), or the path given."""
     path = Path(name_or_path)
     if path.suffix != ".json":
         path = PROFILES_DIR / f"{name_or_path}.json"
         if not path.exists():
-            # NAME.json is a profile; NAME.band.json, NAME.fit-report.json and the like are its companions
-            known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json") if "." not in p.stem))
-            raise ProfileError(f"unknown profile '{name_or_path}'; shipped profiles: {known}")
+            raise ProfileError(f"unknown profile '{name_or_path}'; shipped profiles: {', '.join(shipped_profiles())}")
     if not path.exists():
         raise ProfileError(f"profile file not found: {path}")
     return path

@@ -231,6 +231,7 @@ def to_run_set(records: list[RunRecord]) -> RunSet:
     return RunSet(runs, dict(failed), skipped, len(timed) - len(by_key))
 
 
+# In the repository, not the wheel: 6.5 MB of evidence, read by the benchmarks and by a refit of a shipped profile.
 SHIPPED_RUNS = REPO_ROOT / "data" / "runs"
 # Runs kept out of the time and energy fit (data/runs/README.md says why); their memory is valid.
 EXCLUDED_RUNS = SHIPPED_RUNS / "excluded"
@@ -254,6 +255,20 @@ def run_files(patterns: list[str] | None) -> list[Path]:
     if not patterns:
         return shipped_run_files()
     return sorted(Path(f) for pattern in patterns for f in glob.glob(pattern))
+
+
+class ShippedRunsMissing(ValueError):
+    """A refit needs the runs its profile was fitted to, and this install has no checkout holding them."""
+
+
+def require_shipped_runs(ids: set[str]) -> None:
+    """Fail in one line where a refit wants the runs of `ids` (those no store holds) and the repository's
+    data/runs is not here (an installed wheel): without them it would drop what the profile was fitted to."""
+    if ids and not SHIPPED_RUNS.is_dir():
+        raise ShippedRunsMissing(
+            f"the {len(ids)} runs this profile was fitted to are kept in the advisor's repository (data/runs/), "
+            "not in its wheel: refit from a checkout of the repository, or fit a profile of your own runs "
+            "with advisor fit --store")
 
 
 def shipped_records(ids: set[str]) -> list[RunRecord]:

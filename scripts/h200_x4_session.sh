@@ -10,13 +10,13 @@ OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
 source "$(dirname "$0")/device_setup.sh" "$OUT/machine.txt" || exit 1
 if [ ! -f "$STATE/collectives.done" ]; then
   timeout $(( end - $(date +%s) - 30 )) python3 -m advisor.cli calibrate --gpus "$gpus" --name h200 \
-    --only collective --only overlap --fill-from data/profiles/h200.json --out "$STATE/h200-x$gpus-collectives.json" 2>&1 | tail -n 40 \
+    --only collective --only overlap --fill-from models/profiles/h200.json --out "$STATE/h200-x$gpus-collectives.json" 2>&1 | tail -n 40 \
     && [ -f "$STATE/h200-x$gpus-collectives.json" ] && touch "$STATE/collectives.done"
 fi
 for sweep in "$@"; do
   left=$(( end - $(date +%s) - 25 )); [ "$left" -gt 60 ] || break
   name=$(basename "$sweep" .jsonl)
-  python3 -m advisor.cli validate --sweep "$sweep" --profile data/profiles/h200.json --store "$STATE/runs.db" \
+  python3 -m advisor.cli validate --sweep "$sweep" --profile models/profiles/h200.json --store "$STATE/runs.db" \
     --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/vruns" --budget "$left" --timeout 240 2>&1 | tail -n 60
 done
 cp "$STATE"/*.json "$STATE"/*.jsonl "$OUT"/ 2>/dev/null

@@ -18,8 +18,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 SAMPLE_INTERVAL_S = 0.25
 
 
@@ -58,6 +56,8 @@ class SharedHostMemory:
 
     def start(self) -> bool:
         """Begin sampling if this process has children; returns whether it did."""
+        import psutil  # a GPU extra: `advisor recommend` imports this module's neighbours without it
+
         me = psutil.Process()
         children = me.children(recursive=True)
         if not children:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from advisor_process import advisor, rerun_runs_nothing
 
-from advisor.loop import Chosen, LoopSettings, Measured, choose, measured_pick, run_chosen
+from advisor.loop import Chosen, LoopSettings, Measured, choose, measured_pick, refit_folder, run_chosen
 from advisor.search import exhaustive_search
 from models.band import Band
 from models.workload import Workload
@@ -308,3 +308,15 @@ def test_a_step_meter_outside_the_advisor_measures_nothing_and_imports_nothing(m
     code = ("import sys; from advisor.monitor import StepMeter; m = StepMeter.from_env(); "
             "assert not m.active and m.step() is False; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_refit_goes_beside_its_profile_but_never_into_the_shipped_folder(tmp_path, monkeypatch):
+    from models.profile import PROFILES_DIR, profile_path
+
+    monkeypatch.chdir(tmp_path)
+    assert refit_folder(profile_path("h200")) == tmp_path
+    shipped_by_path = Path(os.path.relpath(PROFILES_DIR / "h200.json", tmp_path))  # ../../models/profiles/h200.json
+    assert refit_folder(shipped_by_path) == tmp_path
+    mine = tmp_path / "mine" / "p.json"
+    mine.parent.mkdir()
+    assert refit_folder(mine) == mine.parent

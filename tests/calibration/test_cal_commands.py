@@ -1,6 +1,10 @@
 """Command construction without network or GPUs: wheelhouse, torchrun spawning, and small pure helpers."""
+import json
+import os
+import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 from click.testing import CliRunner
@@ -41,6 +45,64 @@ def test_wheelhouse_downloads_binaries_for_the_target_python_and_platforms(tmp_p
 def test_wheelhouse_includes_this_project_wheel(tmp_path):
     own = _plan(tmp_path)[0].argv
     assert own[3] == "wheel" and own[-1] == str(wh.PROJECT_DIR)
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """The wheelhouse's own-wheel step run for real (pip reaches PyPI for the build's setuptools), and
+    the wheel installed into a folder of its own: the advisor as an offline node gets it. Built from a
+    copy of the source, because setuptools builds in place and an old build/ folder's files would
+    hide package data the configuration no longer names."""
+    tmp = tmp_path_factory.mktemp("own-wheel")
+    source = tmp / "source"
+    for name in ("advisor", "calibration", "models", "runs"):
+        shutil.copytree(wh.PROJECT_DIR / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(wh.PROJECT_DIR / "pyproject.toml", source)
+    own = wh.plan(tmp / "wh", python_version="3.11", platforms=["manylinux2014_x86_64"], deepspeed_version="0.19.8",
+                  project_dir=source)[0]
+    wh.run_plan([own], echo=lambda m: None)
+    wheel, = (tmp / "wh").glob("energy_advisor-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(tmp / "site"),
+                    str(wheel)], check=True)
+    return wheel, tmp / "site"
+
+
+def _installed(site, *args):
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run([sys.executable, *args], cwd=site.parent, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_own_wheel_holds_presets_profiles_and_datasheets(installed_wheel):
+    wheel, _ = installed_wheel
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("models/presets/llama-2-7b.json", "models/presets/qwen2.5-vl-7b.json", "models/profiles/gh200.json",
+                 "models/profiles/h100.json", "models/profiles/h200.json", "models/profiles/h200.band.json",
+                 "calibration/datasheets/gh200.json", "calibration/harness/window.py"):
+        assert name in names, name
+    assert not any(n.startswith("data/") or n.endswith(".raw.jsonl") for n in names)  # evidence stays in the repo
+
+
+def test_the_installed_wheel_reads_its_data_from_where_it_is_installed(installed_wheel):
+    _, site = installed_wheel
+    done = _installed(site, "-c", "import models, json; from models.profile import shipped_profiles; "
+                                  "from models.architecture import known_presets; "
+                                  "from calibration.derive import load_datasheet; "
+                                  "print(json.dumps([models.__file__, shipped_profiles(), len(known_presets()), "
+                                  "load_datasheet('h100').name]))")
+    assert done.returncode == 0, done.stderr
+    where, profiles, presets, sheet = json.loads(done.stdout)
+    assert where.startswith(str(site))
+    assert profiles == ["gh200", "h100", "h200"] and presets >= 20 and sheet == "h100"
+
+
+def test_wheelhouse_from_an_installed_wheel_says_it_needs_the_source(installed_wheel, tmp_path):
+    _, site = installed_wheel
+    done = _installed(site, "-m", "advisor.cli", "wheelhouse", "--out", str(tmp_path / "wh"),
+                      "--deepspeed-version", "0.19.8")
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+    assert "checkout of the repository" in done.stderr
 
 
 def test_default_platforms_cover_several_glibc_versions():

@@ -8,7 +8,7 @@ from cal_helpers import env, gpu_results
 from calibration.merge import main, merged_profile
 from calibration.profile_writer import build_profile
 from calibration.rawlog import RawLog, RawResult
-from models.profile import parse_profile
+from models.profile import load_profile, parse_profile
 
 
 def _profile_file(tmp_path):
@@ -130,7 +130,7 @@ def test_the_shipped_head_dim_ratios_and_layer_kernels_are_what_merging_their_ra
     """h200's attention rate against head dim and its decoder layers' elementwise bytes come from the
     raw files of their own calibrations (machines CB and CD, 2026-12-05)."""
     repo = Path(__file__).resolve().parents[2]
-    shipped = parse_profile(json.loads((repo / "data" / "profiles" / "h200.json").read_text())).gpu
+    shipped = load_profile("h200").gpu
     calibrations = repo / "data" / "calibration"
     attention = "h200-x1-attention-head-dims-2026-12-05-CB.raw.jsonl"
     merged = parse_profile(merged_profile(calibrations / attention, "h200")).gpu

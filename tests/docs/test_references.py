@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from models.profile import PROFILES_DIR
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "data").glob("**/*.md"))]
 # A path inside the repository, as the docs write them: `data/...`, `docs/...`, `scripts/...`, ...
@@ -19,9 +21,10 @@ def test_every_repository_path_a_document_names_exists(doc):
     assert not missing, f"{doc.name} names files that do not exist: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("profile", sorted((REPO / "data/profiles").glob("*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("profile", sorted(PROFILES_DIR.glob("*.json")), ids=lambda p: p.name)
 def test_raw_files_a_profile_cites_exist(profile):
+    """The raw files stay in the repository as evidence (data/profiles, data/calibration), not in the package."""
     cited = set(re.findall(r"[\w.-]+\.raw\.jsonl", profile.read_text()))
-    folders = (profile.parent, REPO / "data/calibration")
+    folders = (REPO / "data/profiles", REPO / "data/calibration")
     missing = [name for name in cited if not any((f / name).exists() for f in folders)]
     assert not missing, f"{profile.name} cites raw files that do not exist: {missing}"

@@ -8,6 +8,7 @@ from synthetic import synthetic_records, write_jsonl
 
 from models.measured_run import MeasuredRun
 from runs.jsonl import RunFileError
+from runs import measured
 from runs.measured import gather_records, to_run_set
 from runs.record import RunRecord, RunResult
 from runs.store import RunStore
@@ -188,3 +189,20 @@ def test_a_run_that_did_not_name_its_threads_repeats_the_same_run_that_did(recor
     by_threads = {r.strategy.cpu_threads_per_rank: r for r in runs.runs}
     assert by_threads[16].step_time_s == pytest.approx(legacy.result.step_time_s * 1.1)
     assert by_threads[4].step_time_s == pytest.approx(legacy.result.step_time_s * 3.0)
+
+
+def test_a_refit_without_the_shipped_runs_says_so_before_the_runs(records, tmp_path, monkeypatch):
+    """An installed wheel has no data/runs: a refit of a shipped profile must not silently drop them;
+    a profile whose runs are all in the store needs none of them."""
+    from advisor.loop import check_refit_runs
+    from models.profile import load_profile
+
+    h200 = load_profile("h200")
+    check_refit_runs(h200, str(tmp_path / "none.db"))  # in a checkout: data/runs is here
+    monkeypatch.setattr(measured, "SHIPPED_RUNS", tmp_path / "no-checkout" / "data" / "runs")
+    with pytest.raises(measured.ShippedRunsMissing, match="data/runs"):
+        check_refit_runs(h200, str(tmp_path / "none.db"))
+    with RunStore(tmp_path / "runs.db") as store:
+        store.add_runs(records)
+    own = h200.model_copy(update={"fit": h200.fit.model_copy(update={"run_ids": [r.key for r in records]})})
+    check_refit_runs(own, str(tmp_path / "runs.db"))
