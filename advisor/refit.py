@@ -91,7 +91,11 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
         held = leverage_held_out(runs, model)
         how = "leave-one-out, leverage-corrected"
     report = accuracy_report(compare_held_out(held), how, base.describe())
-    return Refit(model, base, strength, scores, held, report, band_of(held, model.profile_, how))
+    band = band_of(held, model.profile_, how)
+    if not np.isfinite(band.step_time_s.high_log):
+        progress(f"no band: {len(held)} runs held out are too few to bound {band.level:.0%} of new runs")
+        band = None
+    return Refit(model, base, strength, scores, held, report, band)
 
 
 def to_stderr(message: str) -> None:

@@ -16,10 +16,13 @@ def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
+RUNS = 20  # a 90% band needs at least 19 runs held out (models.band.conformal_bounds)
+
+
 @pytest.fixture(scope="module")
-def files(tmp_path_factory, small_specs, base):
+def files(tmp_path_factory, specs, base):
     folder = tmp_path_factory.mktemp("fit")
-    records = synthetic_records(small_specs[:9], noise=0.01, seed=7, failed=("oom", "crash", "timeout"))
+    records = synthetic_records(specs[:RUNS], noise=0.01, seed=7, failed=("oom", "crash", "timeout"))
     write_jsonl(records, folder / "runs.jsonl")
     write_jsonl([r for r in records if r.result.status != "ok"], folder / "failed.jsonl")
     (folder / "base.json").write_text(base.to_json())
@@ -37,7 +40,7 @@ def fitted(files):
 
 def test_fit_writes_a_fitted_profile_and_reports_leave_one_out(files, fitted):
     folder, records = files
-    assert fitted["runs"]["used"] == 9
+    assert fitted["runs"]["used"] == RUNS
     assert set(fitted["cross_validation"]) == {"0.001", "0.01", "0.1"}
     best = min(fitted["cross_validation"], key=fitted["cross_validation"].get)
     assert fitted["prior_strength"] == float(best)
@@ -52,15 +55,15 @@ def test_fit_writes_a_fitted_profile_and_reports_leave_one_out(files, fitted):
     loo = fitted["leave_one_out"]
     assert loo["mode"] == "leave-one-out, leverage-corrected"  # from the one fit; --exact refits
     families = {f["family"]: f for f in loo["families"]}
-    assert families["all"]["n"] == 9 and families["all"]["step_time"]["mape"] is not None
-    assert sum(f["n"] for name, f in families.items() if name != "all") == 9
+    assert families["all"]["n"] == RUNS and families["all"]["step_time"]["mape"] is not None
+    assert sum(f["n"] for name, f in families.items() if name != "all") == RUNS
     assert {t["verdict"] for t in loo["targets"]} <= {"PASS", "MISS", "n/a"}
     # the band the held-out errors give, beside the profile, for that very profile
     from models.band import load_band
 
     band, why = load_band(folder / "fitted.json", profile.to_json())
     assert band is not None, why
-    assert band.step_time_s.runs == 9 and 0.0 <= band.step_time_s.loo_coverage <= 1.0
+    assert band.step_time_s.runs == RUNS and 0.0 <= band.step_time_s.loo_coverage <= 1.0
     assert band.step_time_s.low_log <= band.step_time_s.high_log
     assert fitted["band"]["level"] == 0.9
 
@@ -71,7 +74,7 @@ def test_fit_prints_tables(files):
                  "--out", folder / "again.json", "--no-loo", "--prior-strength", "0.001")
     assert result.exit_code == 0, result.output
     assert not (folder / "again.band.json").exists()  # no held-out errors, no band
-    assert "9 runs used; failed, not used: 1 crash, 1 oom, 1 timeout" in result.output
+    assert f"{RUNS} runs used; failed, not used: 1 crash, 1 oom, 1 timeout" in result.output
     assert "overheads.compute_efficiency" in result.output and "Accuracy" not in result.output
 
 
@@ -103,7 +106,7 @@ def test_report_table_plot_and_in_sample_warning(files, fitted):
     plot = folder / "accuracy.png"
     result = run("report", "--runs", folder / "runs.jsonl", "--profile", folder / "fitted.json", "--plot", plot)
     assert result.exit_code == 0, result.output
-    assert "in-sample: the profile was fitted to 9 of these runs" in result.output
+    assert f"in-sample: the profile was fitted to {RUNS} of these runs" in result.output
     assert "Targets:" in result.output and "step time MAPE" in result.output
     data = plot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
@@ -115,7 +118,7 @@ def test_report_json_against_an_unfitted_profile(files):
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["mode"] == "as-is"
-    assert len(out["runs"]) == 9
+    assert len(out["runs"]) == RUNS
     overall = out["families"][0]
     # The datasheet start (efficiency 1, no overheads) is optimistic against this machine.
     assert overall["step_time"]["mape"] > 0.05
@@ -177,11 +180,11 @@ def test_fit_by_folds_reports_and_bands_them_under_their_own_name(files, tmp_pat
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert "leave_one_out" not in report and report["held_out"]["mode"] == "3-fold cross-validation"
-    assert len(report["held_out"]["runs"]) == 9
+    assert len(report["held_out"]["runs"]) == RUNS
     from models.band import band_path, load_band
     band, why = load_band(out, load_profile(out).to_json())
     assert band is not None, why
-    assert json.loads(band_path(out).read_text())["source"] == "3-fold cross-validation of advisor fit over 9 runs"
+    assert json.loads(band_path(out).read_text())["source"] == f"3-fold cross-validation of advisor fit over {RUNS} runs"
     refused = run("fit", "--runs", folder / "runs.jsonl", "--profile", folder / "base.json", "--out", out,
                   "--folds", 3, "--no-loo")
     assert refused.exit_code == 2 and "--folds" in refused.output and "Traceback" not in refused.output
