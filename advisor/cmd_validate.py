@@ -159,7 +159,6 @@ def _profile_or_none(name: str):
 
 
 def _show(comparisons, profile: str, skipped: int, window: WindowSettings, beyond_host: int) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     from advisor.render import ESTIMATED_CPU_NOTE, console, probed_host_line, retry_hint
@@ -169,10 +168,13 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings, beyon
     for col in ("run", "status", "step s", "GPU J", "CPU J", "GPU GiB allocated", "GPU GiB reserved", "host GiB"):
         table.add_column(col, justify="left" if col in ("run", "status") else "right")
     for c in comparisons:
-        status = c.status if c.status == "ok" else f"[red]{c.status}[/red]: {escape(c.reason)}"  # whole: it wraps
+        status = c.status if c.status == "ok" else f"[red]{c.status}[/red]: see below"
         table.add_row(c.label, status + (" (stored)" if c.stored else ""), *(_cell(c, m) for m in METRICS))
     out = console()
     out.print(table)
+    for c in comparisons:  # whole, below the table: in a cell it squeezed the figures or was cut
+        if c.status != "ok":
+            out.print(f"{c.label}: {c.status}: {c.reason}", highlight=False, markup=False, soft_wrap=True)
     stored = sum(c.stored for c in comparisons)
     notes = [f"(stored): {stored} run(s) found from an earlier command, not run again" if stored else None,
              ESTIMATED_CPU_NOTE if any(c.cpu_energy_estimated and c.measured["cpu_energy_j"] is not None

@@ -234,6 +234,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
         show_recommendation(out, result, workload.seq_len, header, profile.trust(), lines, others,
                             picked_by="measurement" if loop and loop.pick_index is not None else "the model")
         if loop:
+            out.print()
             show_loop(out, loop)
         show_config(out, config, line, training)
     # The result is out before anything can fail on the way to a file.

@@ -5,7 +5,6 @@ import json
 import math
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from advisor.launch import Launch
@@ -240,6 +239,7 @@ def show_loop(out: Console, loop) -> None:
     for col in ("", "strategy", "why", "step s", "energy kJ", "pool GiB", "status", "regret"):
         table.add_column(col, justify="left" if col in ("", "strategy", "why", "status") else "right")
     v = loop.verdict
+    reasons = []
     for i, p in enumerate(loop.plan):
         m = loop.measured[i] if loop.measured else None
         t_band, e_band, r_band = p.get("step_time_s_band"), p.get("energy_j_band"), p.get("reserved_gpu_mem_gib_band")
@@ -254,14 +254,17 @@ def show_loop(out: Console, loop) -> None:
             if m.energy_j is not None and estimated_cpu_note([m.record]):
                 e += " est."
             pool += f" / {figure(default_allocator_reserved_gib(m.record.result) if m.record else None)}"
-            status = m.record.result.status if m.record else "not run" + (f": {m.not_run_reason}" if m.not_run_reason else "")
-            if m.record and not m.ok:
-                status += f": {m.record.result.reason}"  # whole: the table wraps it
-            status = escape(status)
+            kind = m.record.result.status if m.record else "not run"
+            why_not = m.not_run_reason if m.record is None else m.record.result.reason if not m.ok else ""
+            status = kind + (": see below" if why_not else "")
+            if why_not:  # whole, below the table: in a cell it squeezed the figures or was cut
+                reasons.append(f"{p['label']}: {kind}: {why_not}")
             regret = "" if v.regret.get(i) is None else f"{v.regret[i]:+.1%}" + _scatter(v.leads.get(i))
             mark = "*" if v.measured_pick == i else ""
         table.add_row(mark, p["label"], p["why"], t, e, pool, status, regret, style="bold green" if mark else None)
     out.print(table)
+    for reason in reasons:
+        out.print(reason, highlight=False, markup=False, soft_wrap=True)
     if loop.measured is None:
         out.print("[dim]planned only (--plan-only): nothing was run[/dim]")
         return
