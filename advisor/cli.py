@@ -252,8 +252,8 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               help="With --validate: refit the profile on every stored run; written beside it, never over it.")
 @click.option("--script", default=None,
               help="With --validate: your training script instead of the built-in model, e.g. \"python train.py "
-                   "--deepspeed_config {ds_config}\" (also {gpus}, {model}, {seq}); it reports through "
-                   "advisor.monitor.StepMeter.")
+                   "--deepspeed_config {ds_config}\" (also {gpus}, {model}, {seq}, and with --for hf "
+                   "{training_args}); it reports through advisor.monitor (StepMeter, or AdvisorCallback for the Trainer).")
 @click.option("--workdir", default=None,
               help="With --validate: configs, logs, results (default: ~/.cache/energy-advisor/validate-runs).")
 @click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,

@@ -12,7 +12,9 @@ Under the advisor (it sets ADVISOR_RESULT), the meter lets the first steps warm 
 window of steps (time, NVML energy of every rank's GPU, peak memory), writes the result where the
 advisor reads it, and ends the process cleanly. Run by hand, without ADVISOR_RESULT, it measures
 nothing and costs nothing. Only the script knows where a step ends, so the script calls it.
-Hugging Face Trainer users add `advisor.monitor.AdvisorCallback()` to the trainer's callbacks instead.
+Hugging Face Trainer users add `advisor.monitor.AdvisorCallback()` to the trainer's callbacks instead
+(`recommend --for hf`; examples/hf_trainer.py). A launch whose processes never join in torch.distributed
+is recorded as a crash: each process trained alone, which is not the candidate.
 
 torch, and the measuring code, are imported only when the meter is active.
 """
