@@ -25,8 +25,8 @@ HF_DEFAULT_MAX_GRAD_NORM = 1.0
 PLACEHOLDER = "{training_args}"  # in --script: the candidate's TrainingArguments as command-line flags
 TRAINER_CHECKPOINTING = ("none", "full")
 TRAINER_SPACE_NOTE = ("--for hf: searched what the Trainer runs: gradient checkpointing of every layer or none (no "
-                      "CPU checkpointing, no every-K), and no Ulysses (sp 1; the Trainer's needs accelerate's "
-                      "ParallelismConfig)")
+                      "CPU checkpointing, no every-K), and sp 1 (the Trainer runs Ulysses only through accelerate's "
+                      "ParallelismConfig, not offered here)")
 
 
 class TrainerScriptError(ValueError):

@@ -84,6 +84,9 @@ def launch(strategy: Strategy, threads_per_rank: int, program: Program, trainer:
             f"Ulysses sp={s.sp}: wrap the core attention in deepspeed.sequence.layer.DistributedAttention and pass "
             f"parallel_state_sp.initialize_sequence_parallel({s.sp}) as mpu= to deepspeed.initialize"
         )
+    if trainer and not program.own_launcher:
+        notes.append("the flags after the config are TrainingArguments for a script that reads them from its command "
+                     "line (HfArgumentParser); one that builds TrainingArguments in code sets them as above")
     if s.checkpoint_every and not trainer:
         which = "every layer" if s.checkpoint_every == 1 else f"one layer in every {s.checkpoint_every}"
         notes.append(f"activation checkpointing: call deepspeed.checkpointing.checkpoint on {which}")

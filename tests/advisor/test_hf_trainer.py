@@ -104,6 +104,7 @@ def test_recommend_for_hf_writes_the_trainer_config_and_its_training_arguments(t
     assert out["training_args"]["deepspeed"] == str(out_path)
     assert f"train.py --deepspeed {out_path} --per_device_train_batch_size {strategy['micro_batch']}" in \
         out["launch"]["deepspeed"]
+    assert any("HfArgumentParser" in note for note in out["launch"]["notes"])
     plain = CliRunner().invoke(main, ["recommend", "--model", "tiny-cpu", "--seq", "256", "--profile", "h200",
                                       "--validate", "1", "--plan-only", "--script",
                                       "python t.py {ds_config} {training_args}"])
