@@ -125,13 +125,12 @@ def test_the_launch_line_starts_the_script_given():
 
 
 @pytest.mark.slow
-def test_the_loop_runs_a_trainer_script_on_the_config_as_emitted(tmp_path, cpu_env, cache):
+def test_the_loop_runs_a_trainer_script_on_the_config_as_emitted(tmp_path, cpu_env):
     """examples/hf_trainer.py: a random LLaMA of tiny-cpu's widths, trained by the Trainer with
     AdvisorCallback on the CPU, from the config and TrainingArguments the advisor emits for it. The
-    config's AdamW is DeepSpeed's, compiled for the CPU on first use: kept in pytest's cache (minutes
-    on two cores)."""
+    config's AdamW is DeepSpeed's, compiled for the CPU on first use (minutes on two cores, unless
+    TORCH_EXTENSIONS_DIR keeps an earlier build)."""
     pytest.importorskip("transformers")
-    cpu_env = {**cpu_env, "TORCH_EXTENSIONS_DIR": str(cache.mkdir("torch_extensions"))}
     script = (f"{sys.executable} {REPO / 'examples/hf_trainer.py'} --model {{model}} --seq {{seq}} "
               "--deepspeed {ds_config} {training_args} --max_steps 100000")
     done = advisor("recommend", "--model", "tiny-cpu", "--seq", "256", "--global-batch", "4", "--profile", "h200",
