@@ -261,9 +261,10 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               help="With --validate: refit the profile on every stored run; written beside it, never over it.")
 @click.option("--script", default=None,
               help="With --validate: your training script instead of the built-in model, e.g. \"python train.py "
-                   "--deepspeed_config {ds_config}\" (also {gpus}, {model}, {seq}); it reports through "
-                   "advisor.monitor.StepMeter.")
-@click.option("--workdir", default="validate-runs", show_default=True, help="With --validate: configs, logs, results.")
+                   "--deepspeed_config {ds_config}\" (also {gpus}, {model}, {seq}, and with --for hf "
+                   "{training_args}); it reports through advisor.monitor (StepMeter, or AdvisorCallback for the Trainer).")
+@click.option("--workdir", default=None,
+              help="With --validate: configs, logs, results (default: ~/.cache/energy-advisor/validate-runs).")
 @click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
               help="With --validate: SQLite run store (default: ~/.cache/energy-advisor/runs.db).")
 @click.option("--plan-only", is_flag=True, help="With --validate: show the candidates and their predictions; run nothing.")
@@ -278,10 +279,14 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
                    f"{repeat_margin('host_bound', 'host_bound'):.0%} for two host-bound ones).")
 @click.option("--retry", multiple=True, type=click.Choice(["oom", "crash", "timeout"]),
               help="With --validate: run again the candidates stored with this status (say, a crash since fixed).")
+@click.option("--for", "target", type=click.Choice(["deepspeed", "hf"]), default="deepspeed", show_default=True,
+              help="What runs the config: deepspeed (its own flags), or hf, the Hugging Face Trainer: \"auto\" where "
+                   "TrainingArguments sets the value, the TrainingArguments of the layout, and {training_args} in "
+                   "--script.")
 def recommend(model, seq_text, profile, global_batch_text, images, frames, image_size, freeze_vision, loss_dtype,
               as_json, gpus_text, objective, slowdown_text, method, trials, storage, seed, tokens_text, threads,
               margin_text, out_ds_config, plot_path, validate_k, budget_s, refit, script, workdir, store_path,
-              plan_only, rounds, tie_margin_text, retry):
+              plan_only, rounds, tie_margin_text, retry, target):
     """Search ZeRO stage, offload, checkpointing, sp and micro-batch; print the Pareto front,
     the pick, its DeepSpeed config and launch line. With --validate K, measure the closest
     candidates and pick by measurement."""
@@ -298,9 +303,11 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     if script is not None and "{ds_config}" not in script:
         raise InputError("--script must pass each candidate's config: put {ds_config} where your script takes it")
     if script is not None:
+        from advisor.hf_trainer import fill_training_args
         from calibration.harness.runner import script_words
 
-        script_words(script, "ds_config.json", 1, model or "model", 1)  # a template that cannot be filled fails now
+        script_words(fill_training_args(script, [] if target == "hf" else None), "ds_config.json", 1, model or "model",
+                     1)  # a template that cannot be filled fails now
 
     if method == "exhaustive" and storage:
         raise InputError("--storage holds Optuna studies; --search exhaustive keeps nothing to resume")
@@ -316,7 +323,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     for option, path in (("--out-ds-config", out_ds_config), ("--plot", plot_path)):
         if path:
             writable_path(path, option)  # before the search, so its result is not lost
-    if validate_k is not None and not plan_only:
+    if validate_k is not None and not plan_only and workdir:
         writable_folder(workdir, "--workdir")
     arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision, loss_dtype)
     per_node = int(prof.gpus_per_node.value)
@@ -335,7 +342,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     loop = None if validate_k is None else LoopSettings(
         k=validate_k, workdir=workdir, store=store_path, jsonl=None, budget_s=budget_s, script=script, refit=refit,
         plan_only=plan_only, rounds=rounds or DEFAULT_ROUNDS, tie_margin=tie_margin, retry=tuple(retry),
-        started_monotonic_s=started)
+        started_monotonic_s=started, target=target)
     recommend_run(RecommendRequest(
         model=model, workload=workload, profile=prof, profile_name=profile, gpu_counts=counts,
         global_batch=_global_batch(global_batch_text, workload.seq_len), tokens=tokens, objective=objective,
@@ -343,7 +350,7 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
         trials=trials or (DEFAULT_TRIALS if gpu_range.fixed else DEFAULT_TRIALS_GPU_RANGE),
         seed=(None if storage else 0) if seed is None else seed,
         out_ds_config=out_ds_config, plot_path=plot_path, as_json=as_json, notes=tuple(dropped),
-        cpu_threads_per_rank=threads or 0, memory_margin=margin, loop=loop,
+        cpu_threads_per_rank=threads or 0, memory_margin=margin, loop=loop, target=target,
     ))
 
 

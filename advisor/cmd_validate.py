@@ -22,10 +22,12 @@ WINDOW = WindowSettings()  # the defaults of the measured window
 
 
 def _cell(comparison, metric: str) -> str:
+    """Predicted / measured (error); an estimated CPU energy is marked est."""
     from advisor.render import error_suffix, figure
 
     p, m = comparison.predicted[metric], comparison.measured[metric]
-    return f"{figure(p)} / {figure(m)}{error_suffix(comparison.error_pct[metric])}"
+    estimated = " est." if metric == "cpu_energy_j" and m is not None and comparison.cpu_energy_estimated else ""
+    return f"{figure(p)} / {figure(m)}{estimated}{error_suffix(comparison.error_pct[metric])}"
 
 
 def _default_store() -> Path:
@@ -56,8 +58,9 @@ def _default_store() -> Path:
               help="SQLite run store (default: ~/.cache/energy-advisor/runs.db, else ./runs.db).")
 @click.option("--jsonl", "jsonl_path", type=click.Path(dir_okay=False), default=None,
               help="Append each run here as it finishes (default: WORKDIR/runs.jsonl); a rerun skips what it holds.")
-@click.option("--workdir", type=click.Path(file_okay=False), default="validate-runs", show_default=True,
-              help="Per-run configs, logs and results.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Per-run configs, logs and results (default: ~/.cache/energy-advisor/validate-runs, beside the "
+                   "run store).")
 @click.option("--warmup", type=click.IntRange(min=0), default=WINDOW.warmup, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=WINDOW.steps, show_default=True,
               help="Measured steps, at least.")
@@ -89,6 +92,8 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         candidate_from_ds_config,
         candidates_from_sweep,
         compare,
+        default_workdir,
+        latest_runs,
         local_slots,
         prebuild_local,
         print_progress,
@@ -113,7 +118,7 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         from models.profile import DEFAULT_PROFILE
 
         profile = DEFAULT_PROFILE
-    workdir = writable_folder(workdir, "--workdir")
+    workdir = writable_folder(workdir or default_workdir(), "--workdir")
     jsonl = writable_path(jsonl_path, "--jsonl", make_folder=True) if jsonl_path else workdir / "runs.jsonl"
     slots = local_slots(parallel)
     prebuild_local(slots, prebuild)
@@ -126,13 +131,15 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         beyond_host.append({"label": candidate.label, "reason": why})
 
     with RunStore(store_path or _default_store()) as store:
+        print(f"runs: configs, logs and results in {workdir.resolve()}", file=sys.stderr, flush=True)
         left = budget_s - (time.monotonic() - started) if budget_s else None
         records = run_validation(candidates, store, jsonl, workdir, settings, slots, profile, deadline_s=left,
                                  retry=tuple(retry), on_record=print_progress, concurrent=parallel,
                                  on_skip=left_out)
+        shown = latest_runs(candidates, records, store, jsonl)
     host_profile = _profile_or_none(profile)
-    comparisons = [compare(r, host_profile) for r in records]
-    skipped = len(candidates) - len(records) - len(beyond_host)
+    comparisons = [compare(r, host_profile, stored=stored) for r, stored in shown]
+    skipped = len({c.key() for c in candidates}) - len(shown) - len(beyond_host)
     if as_json:
         click.echo(json.dumps({"profile": profile, "runs": [c.to_dict() for c in comparisons],
                                "not_run": skipped, "beyond_host_memory": beyond_host}))
@@ -154,17 +161,28 @@ def _profile_or_none(name: str):
 def _show(comparisons, profile: str, skipped: int, window: WindowSettings, beyond_host: int) -> None:
     from rich.table import Table
 
-    from advisor.render import console, probed_host_line
+    from advisor.render import ESTIMATED_CPU_NOTE, console, probed_host_line, retry_hint
     from advisor.validate import METRICS
 
     table = Table(title=f"Predicted / measured per optimizer step (profile {profile})", title_justify="left")
     for col in ("run", "status", "step s", "GPU J", "CPU J", "GPU GiB allocated", "GPU GiB reserved", "host GiB"):
         table.add_column(col, justify="left" if col in ("run", "status") else "right")
     for c in comparisons:
-        status = c.status if c.status == "ok" else f"[red]{c.status}[/red]: {c.reason[:80]}"
-        table.add_row(c.label, status, *(_cell(c, m) for m in METRICS))
+        status = c.status if c.status == "ok" else f"[red]{c.status}[/red]: see below"
+        table.add_row(c.label, status + (" (stored)" if c.stored else ""), *(_cell(c, m) for m in METRICS))
     out = console()
     out.print(table)
+    for c in comparisons:  # whole, below the table: in a cell it squeezed the figures or was cut
+        if c.status != "ok":
+            out.print(f"{c.label}: {c.status}: {c.reason}", highlight=False, markup=False, soft_wrap=True)
+    stored = sum(c.stored for c in comparisons)
+    notes = [f"(stored): {stored} run(s) found from an earlier command, not run again" if stored else None,
+             ESTIMATED_CPU_NOTE if any(c.cpu_energy_estimated and c.measured["cpu_energy_j"] is not None
+                                       for c in comparisons) else None,
+             retry_hint(c.status for c in comparisons)]
+    for note in notes:
+        if note:
+            out.print(note, highlight=False)
     for c in comparisons:
         if c.host and c.host["differs"]:
             out.print(f"{c.label}: {c.host['note']}")
@@ -182,7 +200,7 @@ def _show(comparisons, profile: str, skipped: int, window: WindowSettings, beyon
         if repeats:
             out.print(f"{c.label}: {repeats}")
     if skipped:
-        out.print(f"{skipped} candidate(s) not run now: already recorded, or past --budget.")
+        out.print(f"{skipped} candidate(s) not run: past --budget (a rerun runs them).")
     if beyond_host:
         out.print(f"{beyond_host} candidate(s) not run: predicted to need more host memory than this host has "
                   "available (each named on stderr).")

@@ -255,7 +255,7 @@ class LoopSettings:
     """How `recommend --validate K` runs its candidates."""
 
     k: int
-    workdir: str
+    workdir: str | None  # per-run configs, logs and results; None: advisor.validate.default_workdir()
     store: str | None  # SQLite run store (default: advisor's cache folder)
     jsonl: str | None  # default WORKDIR/runs.jsonl
     budget_s: float | None  # seconds from `started_monotonic_s`: no run starts or runs past them
@@ -270,6 +270,12 @@ class LoopSettings:
     # When the command started (time.monotonic()): the search and the op builds count against the budget,
     # as with `validate --budget`, so a command given N seconds ends within them.
     started_monotonic_s: float = field(default_factory=time.monotonic)
+    target: str = "deepspeed"  # hf: a script's runs get the Trainer's config and {training_args} (advisor.hf_trainer)
+
+    def runs_dir(self) -> Path:
+        from advisor.validate import default_workdir
+
+        return Path(self.workdir) if self.workdir else default_workdir()
 
 
 def round_path(jsonl: Path, round_number: int) -> Path:
@@ -298,11 +304,12 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
 
     candidates = []
     for ch in chosen:
-        c = candidate_from_strategy(model, workload.seq_len, asdict(result.candidates.strategies[ch.index]),
+        strategy = result.candidates.strategies[ch.index]
+        c = candidate_from_strategy(model, workload.seq_len, asdict(strategy),
                                     images=workload.images, frames=workload.frames, image_size=workload.image_size,
                                     freeze_vision=not workload.train_vision, loss_dtype=workload.loss_dtype)
-        candidates.append(c if settings.script is None else _with_script(c, settings.script))
-    workdir = Path(settings.workdir)
+        candidates.append(c if settings.script is None else _with_script(c, strategy, settings))
+    workdir = settings.runs_dir()
     workdir.mkdir(parents=True, exist_ok=True)
     jsonl = Path(settings.jsonl) if settings.jsonl else workdir / "runs.jsonl"
     slots = local_slots(parallel=True)
@@ -319,6 +326,7 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
         not_started[c.key()] = why
 
     with RunStore(settings.store or default_store_path()) as store:
+        print(f"runs: configs, logs and results in {workdir.resolve()}", file=sys.stderr, flush=True)
         run_validation(candidates, store, jsonl, workdir, run_settings, slots, profile_name,
                        deadline_s=left(), retry=settings.retry, on_record=on_record, on_skip=skipped)
         later = {(r.key, r.date) for path in jsonl.parent.glob(f"{jsonl.stem}-round-*{jsonl.suffix}")
@@ -332,9 +340,12 @@ def run_chosen(result: SearchResult, chosen: list[Chosen], model: str, workload,
         within = (f"{settings.tie_margin:.0%}" if settings.tie_margin is not None
                   else "one run's scatter on one host (by regime)")
         for n in range(2, settings.rounds + 1 if again else 0):
-            print(f"round {n} of {settings.rounds}: measuring again the {len(again)} candidates within "
-                  f"{within} of the measured pick", file=sys.stderr, flush=True)
             path = round_path(jsonl, n)
+            stored = {r.key for r in read_records(path, missing_ok=True)}  # what the round's sweep skips
+            todo = sum(candidates[i].key() not in stored for i in again)
+            print(f"round {n} of {settings.rounds}: " + (
+                f"measuring again the {todo} candidates within {within} of the measured pick" if todo else
+                f"its {len(again)} runs are stored ({path}): nothing to measure"), file=sys.stderr, flush=True)
             run_validation(round_order([candidates[i] for i in again], n), store, path, workdir, run_settings, slots,
                            profile_name, deadline_s=left(), on_record=on_record, skip_stored=False)
             this_round = _latest_by_key(read_records(path, missing_ok=True))
@@ -349,10 +360,15 @@ def _without_trailing_none(runs: list) -> tuple:
     return tuple(runs)
 
 
-def _with_script(candidate, script: str):
-    from dataclasses import replace
+def _with_script(candidate, strategy, settings: LoopSettings):
+    """The candidate run by the user's script; for the Trainer, with the config it takes (with "auto")
+    and its TrainingArguments in place of {training_args}."""
+    if settings.target != "hf":
+        return replace(candidate, script=settings.script)
+    from advisor.hf_trainer import fill_training_args, for_trainer
 
-    return replace(candidate, script=script)
+    config, training = for_trainer(candidate.ds_config, strategy, "ds_config.json")
+    return replace(candidate, ds_config=config, script=fill_training_args(settings.script, training.layout_flags()))
 
 
 @dataclass(frozen=True)
@@ -367,6 +383,7 @@ class LoopOutcome:
     # Each measured candidate predicted again at the host its probes measured (advisor.validate.at_probed_host),
     # None where it was not run or not probed: where the host strayed, whether the model or the host missed.
     at_probed_host: tuple = ()
+    workdir: str = ""  # where the runs keep their configs, logs and results
 
     @property
     def pick_index(self) -> int | None:
@@ -389,7 +406,7 @@ class LoopOutcome:
         out = {"candidates": self.plan, "refit_profile": self.refit_profile, "refit_note": self.refit_note}
         if self.measured is None:
             return out
-        out["host_note"] = self.host_note
+        out.update(host_note=self.host_note, workdir=self.workdir)
         v = self.verdict
         at_host = self.at_probed_host or (None,) * len(self.measured)
         for entry, (i, m), again in zip(out["candidates"], enumerate(self.measured), at_host):
@@ -429,7 +446,7 @@ def close_loop(req, result: SearchResult, band: Band | None) -> LoopOutcome:
     refit_path, refit_note = (refit_beside(req.profile_name, req.profile, s) if s.refit else (None, ""))
     host_note = worst_host_note([m.record for m in measured], req.profile)
     again = tuple(at_probed_host(m.record, req.profile) if m.record else None for m in measured)
-    return LoopOutcome(chosen, plan, measured, verdict, refit_path, refit_note, host_note, again)
+    return LoopOutcome(chosen, plan, measured, verdict, refit_path, refit_note, host_note, again, str(s.runs_dir()))
 
 
 def check_refit_runs(profile, store: str | None) -> None:

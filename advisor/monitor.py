@@ -12,7 +12,9 @@ Under the advisor (it sets ADVISOR_RESULT), the meter lets the first steps warm 
 window of steps (time, NVML energy of every rank's GPU, peak memory), writes the result where the
 advisor reads it, and ends the process cleanly. Run by hand, without ADVISOR_RESULT, it measures
 nothing and costs nothing. Only the script knows where a step ends, so the script calls it.
-Hugging Face Trainer users add `advisor.monitor.AdvisorCallback()` to the trainer's callbacks instead.
+Hugging Face Trainer users add `advisor.monitor.AdvisorCallback()` to the trainer's callbacks instead
+(`recommend --for hf`; examples/hf_trainer.py). A launch whose processes never join in torch.distributed
+is recorded as a crash: each process trained alone, which is not the candidate.
 
 torch, and the measuring code, are imported only when the meter is active.
 """
@@ -77,7 +79,9 @@ class StepMeter:
         from calibration.harness.memory_cap import alloc_retries
 
         distributed = dist.is_available() and dist.is_initialized()
-        rank = dist.get_rank() if distributed else 0
+        # Without torch.distributed every process of a launch thinks itself alone: the launcher's RANK
+        # says which one writes.
+        rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
         mine = self._window.rank_summary(
             rank, self._local_rank, torch.cuda.max_memory_allocated() if self._cuda else None,
             torch.cuda.max_memory_reserved() if self._cuda else None, self._host_memory.read(), None,
@@ -91,13 +95,30 @@ class StepMeter:
             from runs.record import RunResult
 
             fields = self._window.result_fields(everyone)
-            RunResult(status="ok", **fields, cpu_threads_per_rank=torch.get_num_threads(),
+            alone = lone_ranks_reason(len(everyone))
+            if alone:
+                print(f"warning: {alone}", file=sys.stderr, flush=True)
+            RunResult(status="crash" if alone else "ok", reason=alone or "", **fields,
+                      cpu_threads_per_rank=torch.get_num_threads(),
                       machine=machine_info("cuda" if self._cuda else "cpu")).write(self.result_path)
         if self.exit_when_done:
             if distributed:
                 dist.barrier()
                 dist.destroy_process_group()
             sys.exit(0)
+
+
+def lone_ranks_reason(ranks_measured: int) -> str | None:
+    """Why a run is not the candidate's where its launcher started more processes (WORLD_SIZE) than
+    the meter measured ranks: the script never joined them in torch.distributed, so each trained a
+    copy of its own, with its own data-parallel batch. None where they agree."""
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched == ranks_measured:
+        return None
+    return (f"the launcher started {launched} processes but the meter measured {ranks_measured} rank(s): the script "
+            "never initialised torch.distributed (deepspeed.init_distributed(), or the Trainer's launch), so each "
+            "process trained alone and this is not the candidate's run; recorded as a crash (--retry crash runs it "
+            "again once fixed)")
 
 
 def __getattr__(name: str):

@@ -20,13 +20,19 @@ DEFAULT_MEMORY_MARGIN = 0.05  # GPU memory a pick leaves free: allocated memory 
 
 
 def make_problem(workload, profile, gpu_counts: list[int], global_batch: int, tokens: int,
-                 cpu_threads_per_rank: int = 0, memory_margin: float = DEFAULT_MEMORY_MARGIN) -> Problem:
-    """The search problem on the shipped cost model (`models.predict.predict_batch`)."""
+                 cpu_threads_per_rank: int = 0, memory_margin: float = DEFAULT_MEMORY_MARGIN,
+                 target: str = "deepspeed") -> Problem:
+    """The search problem on the shipped cost model (`models.predict.predict_batch`); for the
+    Hugging Face Trainer (`target` hf), only what it runs (`advisor.hf_trainer.trainer_space`)."""
     from models.predict import predict_batch
 
     arch = workload.arch
     space = build_space(arch, gpu_counts, int(profile.gpus_per_node.value), global_batch,
                         run_sequences=max(1, tokens // workload.seq_len), cpu_threads_per_rank=cpu_threads_per_rank)
+    if target == "hf":
+        from advisor.hf_trainer import trainer_space
+
+        space = trainer_space(space)
     digest = hashlib.sha1((repr(workload) + profile.to_json()).encode()).hexdigest()[:10]
     return Problem(
         space=space, arch=arch, seq_len=workload.seq_len, tokens=tokens,
@@ -149,24 +155,27 @@ class RecommendRequest:
     cpu_threads_per_rank: int = 0
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     loop: object | None = None  # advisor.loop.LoopSettings: measure the closest candidates
+    target: str = "deepspeed"  # what runs the config: deepspeed (its own flags) or hf (the Trainer)
 
 
 def recommend_run(req: RecommendRequest) -> SearchResult:
     from advisor.alternatives import alternatives
     from advisor.bands import pool_band_note, profile_band, with_bands
     from advisor.host_check import host_bound_notes
-    from advisor.launch import launch
     from advisor.unmeasured import pick_note, rests_on
     from advisor.model_notes import head_dim_notes
-    from models.ds_config import to_ds_config
     from models.predict import predict
 
     workload, profile, arch = req.workload, req.profile, req.workload.arch
     problem = make_problem(workload, profile, req.gpu_counts, req.global_batch, req.tokens, req.cpu_threads_per_rank,
-                           req.memory_margin)
+                           req.memory_margin, req.target)
     result = run_search(problem, req.method, req.trials, req.objective, req.max_slowdown, req.storage, req.seed)
     band, band_note = profile_band(req.profile_name, profile)
     notes = list(req.notes) + head_dim_notes(arch, profile)
+    if req.target == "hf":
+        from advisor.hf_trainer import TRAINER_SPACE_NOTE
+
+        notes.append(TRAINER_SPACE_NOTE)
     if req.memory_margin:
         notes.append(f"every strategy shown leaves {req.memory_margin:.0%} of the GPU's {problem.gpu_memory_gib:.0f} "
                      "GiB free (--memory-margin): the room for the prediction's error")
@@ -197,8 +206,7 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
     unmeasured.update(rests_on(result, [pick], workload, profile))
     unmeasured_note = pick_note(unmeasured[pick], profile)
     chosen = result.candidates.strategies[pick]
-    config = to_ds_config(chosen, arch)
-    line = launch(chosen, threads_of(chosen, profile), config_path=req.out_ds_config or "ds_config.json")
+    config, training, line = pick_outputs(req, chosen)
     recommended = point(pick)
     pool_note = pool_band_note(recommended["peak_gpu_mem_gib_band"], problem.gpu_memory_gib, band.level if band else None)
     lines = search_notes(result, req.global_batch, notes + ([unmeasured_note] if unmeasured_note else [])
@@ -211,6 +219,8 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
             "pareto": [point(i) for i in result.pareto],
             "alternatives": [a.to_dict(result) for a in others],
             "ds_config": config,
+            "target": req.target,
+            "training_args": training.kwargs() if training else None,
             "launch": asdict(line),
             "notes": lines,
             "band": {"level": band.level, "source": band.source} if band else None,
@@ -226,13 +236,15 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
             },
         }))
     else:
-        from advisor.render import console, show_loop, show_recommendation
+        from advisor.render import console, show_config, show_loop, show_recommendation
 
         out = console()
-        show_recommendation(out, result, workload.seq_len, config, line, header, profile.trust(), lines, others,
+        show_recommendation(out, result, workload.seq_len, header, profile.trust(), lines, others,
                             picked_by="measurement" if loop and loop.pick_index is not None else "the model")
         if loop:
+            out.print()
             show_loop(out, loop)
+        show_config(out, config, line, training)
     # The result is out before anything can fail on the way to a file.
     if req.out_ds_config:
         write_output("--out-ds-config", req.out_ds_config, _dump_json(config))
@@ -244,6 +256,25 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
         if not req.as_json:
             click.echo(f"Pareto plot written to {req.plot_path}")
     return result
+
+
+def pick_outputs(req: RecommendRequest, chosen) -> tuple[dict, object, object]:
+    """The pick's DeepSpeed config, its TrainingArguments (advisor.hf_trainer.TrainingArgs; None but
+    for the Trainer) and launch line, starting the --script the loop ran where it ran one."""
+    from advisor.launch import default_program, launch, script_program
+    from models.ds_config import to_ds_config
+
+    path = req.out_ds_config or "ds_config.json"
+    config, training = to_ds_config(chosen, req.workload.arch), None
+    if req.target == "hf":
+        from advisor.hf_trainer import for_trainer
+
+        config, training = for_trainer(config, chosen, path)
+    flags = training.layout_flags() if training else None
+    script = req.loop.script if req.loop is not None else None
+    program = (script_program(script, path, chosen, req.model, req.workload.seq_len, flags) if script
+               else default_program(path, flags))
+    return config, training, launch(chosen, threads_of(chosen, req.profile), program, trainer=training is not None)
 
 
 def _print_plan(req: RecommendRequest, loop) -> None:

@@ -19,11 +19,20 @@ def console() -> Console:
 
 
 def _kwh(j: float) -> str:
-    return f"{j / 3.6e6:,.1f}"
+    return figure(j / 3.6e6)
 
 
 def _hours(s: float) -> str:
-    return f"{s / 3600:,.2f}"
+    return figure(s / 3600)
+
+
+def energy_text(j: float) -> str:
+    """Joules in the unit that shows them: J below 1 kJ, kJ below 1 MJ, else MJ (a tiny model's step
+    is a few joules, which a kJ column showed as 0.0)."""
+    for unit, scale in (("MJ", 1e6), ("kJ", 1e3)):
+        if abs(j) >= scale:
+            return f"{j / scale:,.1f} {unit}"
+    return f"{figure(j)} J"
 
 
 def _band_text(band, level, regime: str | None) -> str:
@@ -82,12 +91,14 @@ def show_prediction(out: Console, pred, strategy, title: str, trust: str, bands:
 HOSTFILE_LINES_SHOWN = 8
 
 
-def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_config: dict, launch: Launch,
-                        header: str, trust: str, notes: list[str], others: list, picked_by: str = "the model") -> None:
+def show_recommendation(out: Console, result: SearchResult, seq_len: int, header: str, trust: str, notes: list[str],
+                        others: list, picked_by: str = "the model") -> None:
+    """The Pareto front, the notes, the best of each family and the pick; its config follows
+    (`show_config`), after the validation table where one ran."""
     c = result.candidates
     out.print(f"[bold]{trust}[/bold]", highlight=False)
     table = Table(title=f"Pareto front ({header})", title_justify="left")
-    for col in ("", "strategy", "step s", "tokens/s", "energy/step kJ", "run h", "run kWh", "GPU GiB", "host GiB"):
+    for col in ("", "strategy", "step s", "tokens/s", "energy/step", "run h", "run kWh", "GPU GiB", "host GiB"):
         table.add_column(col, justify="left" if col in ("", "strategy") else "right", no_wrap=col == "strategy")
     for i in result.pareto:
         m = c.metrics
@@ -95,9 +106,9 @@ def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_con
         table.add_row(
             "*" if i == result.pick else "",
             c.strategies[i].label(),
-            f"{m['step_time_s'][i]:,.2f}",
+            figure(m["step_time_s"][i]),
             f"{tokens_per_s:,.0f}",
-            f"{m['energy_j'][i] / 1e3:,.1f}",
+            energy_text(m["energy_j"][i]),
             _hours(c.run_time_s[i]),
             _kwh(c.run_energy_j[i]),
             f"{m['peak_gpu_mem_gib'][i]:,.1f}",
@@ -112,12 +123,22 @@ def show_recommendation(out: Console, result: SearchResult, seq_len: int, ds_con
     if picked_by == "the model":
         out.print(f"\n[bold]Recommended[/bold] (*): {c.strategies[result.pick].label()}")
     else:
-        out.print(f"\n[bold]Recommended by measurement[/bold]: see the validation table below")
-    out.print("\n[bold]ds_config.json[/bold]")
+        out.print("\n[bold]Recommended by measurement[/bold]: see the validation table below")
+
+
+def show_config(out: Console, ds_config: dict, launch: Launch, training=None) -> None:
+    """The pick's DeepSpeed config, its TrainingArguments for the Trainer (`training`:
+    advisor.hf_trainer.TrainingArgs), and the launch line."""
+    title = ' (for the Trainer: "auto" where TrainingArguments sets the value)' if training else ""
+    out.print(f"\n[bold]ds_config.json[/bold]{title}", highlight=False)
     out.print_json(json.dumps(ds_config))
+    if training:
+        out.print("\n[bold]TrainingArguments[/bold] (the layout; the recipe stays yours)")
+        out.print(training.python(), soft_wrap=True, highlight=False)
     out.print("\n[bold]Launch[/bold]")
     out.print(launch.deepspeed, soft_wrap=True, highlight=False)
-    out.print(f"[dim]or on every node:[/dim] {launch.torchrun}", soft_wrap=True, highlight=False)
+    if launch.torchrun:
+        out.print(f"[dim]or on every node:[/dim] {launch.torchrun}", soft_wrap=True, highlight=False)
     if launch.hostfile:
         hosts = launch.hostfile.splitlines()
         shown = "\n".join(hosts[:HOSTFILE_LINES_SHOWN])
@@ -135,14 +156,14 @@ def _alternatives_table(result: SearchResult, others: list) -> Table:
     """The best strategy of each family, against the pick."""
     c = result.candidates
     table = Table(title="Best of each family (gaps against the pick, whole run)", title_justify="left")
-    for col in ("family", "strategy", "step s", "energy/step kJ", "GPU GiB", "time", "energy"):
+    for col in ("family", "strategy", "step s", "energy/step", "GPU GiB", "time", "energy"):
         table.add_column(col, justify="left" if col in ("family", "strategy") else "right",
                          no_wrap=col == "strategy")
     for a in others:
         i = a.index
         slow = "" if a.within_slowdown else " (too slow)"
         table.add_row(a.family, c.strategies[i].label() + (" *" if a.is_pick else ""),
-                      f"{c.metrics['step_time_s'][i]:,.2f}", f"{c.metrics['energy_j'][i] / 1e3:,.1f}",
+                      figure(c.metrics["step_time_s"][i]), energy_text(c.metrics["energy_j"][i]),
                       f"{c.metrics['peak_gpu_mem_gib'][i]:,.1f}", _gap(a.time_gap) + slow, _gap(a.energy_gap),
                       style="bold green" if a.is_pick else None)
     return table
@@ -190,6 +211,26 @@ def rounds_line(loop) -> str:
     return f"{gap}: within the rounds' scatter, so the two are equal as far as this host can tell; either will do."
 
 
+ESTIMATED_CPU_NOTE = ("est.: the host CPU's energy is estimated from its utilization, not measured (this host has no "
+                      "CPU power sensor: RAPL or hwmon)")
+
+
+def retry_hint(statuses) -> str | None:
+    """How to run failed candidates again: a stored failure stands until --retry names its status."""
+    failed = sorted(set(statuses) - {"ok"})
+    if not failed:
+        return None
+    flags = " ".join(f"--retry {status}" for status in failed)
+    return f"a stored {' / '.join(failed)} stands until it is run again: once its cause is fixed, add {flags}"
+
+
+def estimated_cpu_note(records) -> str | None:
+    """Where a measured energy holds an estimate: the host's CPU share, from its utilization."""
+    if not any(r and r.result.cpu_energy_estimated and r.result.cpu_energy_j is not None for r in records):
+        return None
+    return ESTIMATED_CPU_NOTE
+
+
 def show_loop(out: Console, loop) -> None:
     """The candidates the loop measures: predicted (with the band) against measured, and the pick."""
     from runs.measured import default_allocator_reserved_gib  # the fit's imports: only where a loop ran
@@ -198,6 +239,7 @@ def show_loop(out: Console, loop) -> None:
     for col in ("", "strategy", "why", "step s", "energy kJ", "pool GiB", "status", "regret"):
         table.add_column(col, justify="left" if col in ("", "strategy", "why", "status") else "right")
     v = loop.verdict
+    reasons = []
     for i, p in enumerate(loop.plan):
         m = loop.measured[i] if loop.measured else None
         t_band, e_band, r_band = p.get("step_time_s_band"), p.get("energy_j_band"), p.get("reserved_gpu_mem_gib_band")
@@ -209,14 +251,20 @@ def show_loop(out: Console, loop) -> None:
         if m is not None:
             t += f" / {figure(m.time_s)}"
             e += f" / {figure(m.energy_j / 1e3 if m.energy_j is not None else None)}"
+            if m.energy_j is not None and estimated_cpu_note([m.record]):
+                e += " est."
             pool += f" / {figure(default_allocator_reserved_gib(m.record.result) if m.record else None)}"
-            status = m.record.result.status if m.record else "not run" + (f": {m.not_run_reason[:60]}" if m.not_run_reason else "")
-            if m.record and not m.ok:
-                status += f": {m.record.result.reason[:60]}"
+            kind = m.record.result.status if m.record else "not run"
+            why_not = m.not_run_reason if m.record is None else m.record.result.reason if not m.ok else ""
+            status = kind + (": see below" if why_not else "")
+            if why_not:  # whole, below the table: in a cell it squeezed the figures or was cut
+                reasons.append(f"{p['label']}: {kind}: {why_not}")
             regret = "" if v.regret.get(i) is None else f"{v.regret[i]:+.1%}" + _scatter(v.leads.get(i))
             mark = "*" if v.measured_pick == i else ""
         table.add_row(mark, p["label"], p["why"], t, e, pool, status, regret, style="bold green" if mark else None)
     out.print(table)
+    for reason in reasons:
+        out.print(reason, highlight=False, markup=False, soft_wrap=True)
     if loop.measured is None:
         out.print("[dim]planned only (--plan-only): nothing was run[/dim]")
         return
@@ -227,7 +275,9 @@ def show_loop(out: Console, loop) -> None:
                   f"against the pick's; runs took {loop.run_seconds:,.0f} s)", highlight=False)
         if loop.rounds > 1:
             out.print(rounds_line(loop), highlight=False)
-    for note in (v.note, loop.refit_note, loop.host_note):
+    shown_energy = [m.record for m in loop.measured if m.energy_j is not None]
+    for note in (v.note, loop.refit_note, loop.host_note, estimated_cpu_note(shown_energy),
+                 retry_hint(m.record.result.status for m in loop.measured if m.record)):
         if note:
             out.print(f"[dim]{note}[/dim]", highlight=False)
     for p, m in zip(loop.plan, loop.measured):

@@ -199,6 +199,8 @@ class Comparison:
     gpu_alloc_retries: int | None = None  # times the allocator freed its cache and retried (runs.record.RunResult)
     window_s: float | None = None  # the measured steps' seconds, summed; None where none were recorded
     host_share: float | None = None  # the predicted share of the step on the host (models.predict); None: not known
+    cpu_energy_estimated: bool = False  # the measured CPU energy is an estimate from utilization (no sensor)
+    stored: bool = False  # found stored from an earlier command, not run by this one
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -240,9 +242,10 @@ def at_probed_host(record: RunRecord, profile) -> dict | None:
                           "gpu_energy_j": _error_pct(p.gpu_energy_j, run.gpu_energy_j)}}
 
 
-def compare(record: RunRecord, profile=None) -> Comparison:
+def compare(record: RunRecord, profile=None, stored: bool = False) -> Comparison:
     """The run's errors, and with `profile` (models.profile.HardwareProfile) its host against the
-    profile's where the run probed it, and the prediction again at that host."""
+    profile's where the run probed it, and the prediction again at that host. `stored`: the run is
+    an earlier command's."""
     measured = {name: getattr(record.result, field) for name, _, field in COMPARED}
     predicted = {name: (record.prediction or {}).get(key) for name, key, _ in COMPARED}
     errors = {m: _error_pct(predicted[m], measured[m]) for m in METRICS}
@@ -260,7 +263,7 @@ def compare(record: RunRecord, profile=None) -> Comparison:
     again = at_probed_host(record, profile) if profile is not None else None
     return Comparison(record.key, record.candidate.label, record.result.status, reason, measured, predicted, errors,
                       host, spread, again, record.result.gpu_alloc_retries, sum(steps) if steps else None,
-                      (record.prediction or {}).get("host_share"))
+                      (record.prediction or {}).get("host_share"), record.result.cpu_energy_estimated, stored)
 
 
 def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir: Path, settings, slots,
@@ -294,6 +297,27 @@ def run_validation(candidates: list[Candidate], store, jsonl_path: Path, workdir
     return run_sweep(todo, jsonl_path, workdir, settings, slots, predict=make_predictor(profile),
                      on_record=record, deadline_s=deadline_s, retry=retry, concurrent=concurrent,
                      on_skip=skipped)
+
+
+def latest_runs(candidates: list[Candidate], new: list[RunRecord], store, jsonl_path: Path) -> list[tuple[RunRecord, bool]]:
+    """Each candidate's run as this command leaves it: the one it made, else the latest stored (from
+    `store` or `jsonl_path`), flagged True; a candidate with neither is left out. In candidate order."""
+    from runs.jsonl import read_records
+
+    latest = {}
+    for record in sorted([*store.runs(), *read_records(jsonl_path, missing_ok=True)], key=lambda r: r.date):
+        latest[record.key] = (record, True)
+    latest.update({record.key: (record, False) for record in new})
+    keys = dict.fromkeys(c.key() for c in candidates)  # a sweep may hold a line twice
+    return [latest[key] for key in keys if key in latest]
+
+
+def default_workdir() -> Path:
+    """Where runs keep their configs, logs and results unless --workdir says: beside the run store
+    (~/.cache/energy-advisor/validate-runs), not in the current folder, often a repository's root."""
+    from runs.store import default_store_path
+
+    return default_store_path().parent.resolve() / "validate-runs"
 
 
 def local_slots(parallel: bool = True) -> list:
@@ -340,6 +364,6 @@ def print_progress(record: RunRecord) -> None:
     import sys
 
     r = record.result
-    took = f"{r.step_time_s:.3f} s/step" if r.step_time_s else r.reason[:160]
+    took = f"{r.step_time_s:.3f} s/step" if r.status == "ok" and r.step_time_s else r.reason
     print(f"[{r.status}] {record.candidate.model} seq {record.candidate.seq_len} {record.candidate.label}: {took} "
           f"(run {r.wall_s or 0:.0f} s)", file=sys.stderr, flush=True)

@@ -204,7 +204,8 @@ def test_a_killed_sweep_keeps_what_it_finished_and_resumes_with_the_rest(tmp_pat
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
-    assert len(report["runs"]) == 3 - len(finished) and report["not_run"] == len(finished)
+    assert len(report["runs"]) == 3 and report["not_run"] == 0  # what the killed sweep finished shows as stored
+    assert [r["stored"] for r in report["runs"]] == [True] * len(finished) + [False] * (3 - len(finished))
     assert [r.candidate.seq_len for r in read_records(jsonl)] == [32, 64, 128]
     with RunStore(store) as s:
         assert s.count() == 3

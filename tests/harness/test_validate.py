@@ -172,9 +172,9 @@ def test_validate_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
     assert stored.result.layout["checkpoint_every"] == 1
     assert (tmp_path / "work" / "runs.jsonl").read_text().count("\n") == 1
 
-    again = CliRunner().invoke(main, args)  # already stored: nothing runs, the table says so
+    again = CliRunner().invoke(main, args)  # already stored: nothing runs, the table shows the stored run
     assert again.exit_code == 0, again.output
-    assert "1 candidate(s) not run now" in again.output
+    assert "ok (stored)" in again.output and "candidate(s) not run" not in again.output
     fresh = [a if a != str(tmp_path / "runs.db") else str(tmp_path / "fresh.db") for a in args]
     table = CliRunner().invoke(main, [a if a != str(tmp_path / "work") else str(tmp_path / "fresh") for a in fresh])
     assert table.exit_code == 0, table.output
