@@ -54,7 +54,7 @@ def test_the_blocker_refuses_what_it_is_given(tmp_path):
     ["recommend", "--model", "7B", "--seq", "32k"],
     ["recommend", "--model", "qwen2.5-vl-7b", "--seq", "16k", "--frames", "8", "--profile", "h200", "--json"],
     ["predict", "--model", "7B", "--seq", "32k", "--zero", "3", "--offload-optimizer", "cpu", "--checkpointing",
-     "full", "--sp", "2", "--profile", "h100"],
+     "full", "--sp", "2", "--profile", "h200"],
     ["predict", "--model", "llama-2-13b", "--seq", "8k", "--gpus", "8", "--micro-batch", "1", "--json"],
 ], ids=["recommend", "recommend-vl-json", "predict-flags", "predict-json"])
 def test_predict_and_recommend_need_only_the_core(args, tmp_path):
