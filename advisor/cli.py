@@ -16,9 +16,6 @@ import time
 import click
 
 from advisor.inputs import (
-    MAX_COUNT,
-    MAX_GPUS,
-    MAX_PER_SAMPLE,
     FiniteFloatRange,
     InputError,
     check_whole_nodes,
@@ -32,6 +29,7 @@ from advisor.inputs import (
     writable_folder,
     writable_path,
 )
+from models.limits import MAX_COUNT, MAX_GPUS, MAX_PER_SAMPLE
 from advisor.rounds import DEFAULT_ROUNDS, repeat_margin
 from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from advisor.inputs import MAX_GPUS, MAX_PER_SAMPLE, FiniteFloatRange, parse_seq
+from advisor.inputs import FiniteFloatRange, parse_seq
+from models.limits import MAX_GPUS, MAX_PER_SAMPLE
 from advisor.rounds import repeat_note
 from calibration.harness.window import WindowSettings
 from runs.record import HOST_SPELL_S

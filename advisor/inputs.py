@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from models.limits import MAX_GPUS, MAX_SEQ, MAX_SEQUENCES, MAX_TOKENS
+
 
 class InputError(ValueError):
     """A command-line value that cannot be used; the message names the option."""
@@ -24,14 +26,6 @@ _SEQ_UNITS = {"": 1, "k": 1024, "m": 1024**2}
 # --tokens and --global-batch counts use decimal multiples, as token budgets are quoted: 1B = 1e9.
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([a-zA-Z]?)\s*$")
-# Largest values the cost model takes: beyond them numpy's integer columns would overflow, and no
-# training run is that large (a 16M-token context, 1e18 tokens, a trillion sequences a step).
-MAX_SEQ = 2**24
-MAX_TOKENS = 10**18
-MAX_SEQUENCES = 10**12
-MAX_GPUS = 2**20
-MAX_COUNT = 2**20  # sp, micro-batch, accumulation: their products with the GPUs stay inside int64
-MAX_PER_SAMPLE = 2**16  # images or frames per sample, pixels a side, CPU threads per rank
 
 
 def _scaled(text: str, units: dict[str, int], option: str, example: str, noun: str, limit: int) -> int:

@@ -13,11 +13,14 @@ ceil(layers / k); a section without that key means every layer; no section means
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models.architecture import Architecture
 from models.flops import checkpointed_layers
+from models.input_file import parse_json, read_text, shown
+from models.limits import MAX_BUCKET_ELEMENTS, MAX_COUNT, MAX_SEQUENCES
 from models.strategy import Strategy
 
 
@@ -124,14 +127,24 @@ def _get(section: dict, key: str, kind, where: str, default=None):
     if kind is bool:
         ok = isinstance(value, bool)
     elif kind is int:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and float(value).is_integer()
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+              and float(value).is_integer())
         value = int(value) if ok else value
     elif kind is float:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float))
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise DsConfigError(f"{where}: bad key '{key}': expected {kind.__name__}, got {value!r}")
+        expected = {int: "a whole number", float: "a finite number", bool: "true or false"}.get(kind, kind.__name__)
+        raise DsConfigError(f"{where}: bad key '{key}': expected {expected}, got {shown(value)}")
+    return value
+
+
+def _count(section: dict, key: str, where: str, most: int, name: str | None = None):
+    """A whole number in 1..most, or None where the section does not set it."""
+    value = _get(section, key, int, where)
+    if value is not None and not 1 <= value <= most:
+        raise DsConfigError(f"{where}: bad key '{name or key}': must be 1..{most:,}, got {shown(value)}")
     return value
 
 
@@ -175,7 +188,7 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
         out["overlap_comm"] = overlap
     for key, name in (("reduce_bucket_size", "reduce_bucket_size"), ("allgather_bucket_size", "allgather_bucket_size"),
                       ("stage3_prefetch_bucket_size", "prefetch_bucket_size")):
-        value = _get(zero, key, int, f"{origin} zero_optimization")
+        value = _count(zero, key, origin, MAX_BUCKET_ELEMENTS, f"zero_optimization.{key}")
         if value is not None:
             out[name] = value
     ckpt = config.get("activation_checkpointing")
@@ -185,24 +198,29 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
         ckpt = _section(config, "activation_checkpointing", origin)
         n = _get(ckpt, "number_checkpoints", int, f"{origin} activation_checkpointing")
         if n is not None and not 1 <= n <= arch.num_layers:
-            raise DsConfigError(
-                f"{origin}: bad key 'activation_checkpointing.number_checkpoints': must be 1..{arch.num_layers}, got {n}"
-            )
+            raise DsConfigError(f"{origin}: bad key 'activation_checkpointing.number_checkpoints': must be "
+                                f"1..{arch.num_layers}, got {shown(n)}")
         every = 1 if n is None else min(k for k in range(1, arch.num_layers + 1)
                                         if checkpointed_layers(arch.num_layers, k) <= n)
         out["checkpoint_every"] = every
         out["cpu_checkpointing"] = _get(ckpt, "cpu_checkpointing", bool, f"{origin} activation_checkpointing", False)
     for key, name in (("train_micro_batch_size_per_gpu", "micro_batch"), ("gradient_accumulation_steps", "grad_accum"),
                       ("sequence_parallel_size", "sp")):
-        value = _get(config, key, int, origin)
+        value = _count(config, key, origin, MAX_COUNT)
         if value is not None:
-            if value < 1:
-                raise DsConfigError(f"{origin}: bad key '{key}': must be positive, got {value}")
             out[name] = value
-    tbs = _get(config, "train_batch_size", int, origin)
-    if tbs is not None and tbs < 1:
-        raise DsConfigError(f"{origin}: bad key 'train_batch_size': must be positive, got {tbs}")
+    tbs = _count(config, "train_batch_size", origin, MAX_SEQUENCES)
+    _refuse_two_precisions(config, origin)
     return DsSettings(fields=out, train_batch_size=tbs, warnings=unknown_keys(config, origin))
+
+
+def _refuse_two_precisions(config: dict, origin: str) -> None:
+    """DeepSpeed refuses fp16 and bf16 enabled together; the model would have counted one of them."""
+    enabled = [key for key in ("fp16", "bf16")
+               if _get(_section(config, key, origin), "enabled", bool, f"{origin} {key}", False)]
+    if len(enabled) == 2:
+        raise DsConfigError(f"{origin}: bad keys 'fp16.enabled' and 'bf16.enabled': both true; DeepSpeed trains in "
+                            "one of them, enable only one")
 
 
 def unknown_keys(config: dict, origin: str) -> tuple[str, ...]:
@@ -220,19 +238,7 @@ def read_ds_config(path: str | Path) -> dict:
     """A ds_config.json's object (JSON or HJSON, as DeepSpeed itself accepts); DsConfigError, naming
     the file, where it cannot be read or holds no object."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DsConfigError(f"cannot read DeepSpeed config {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError:
-        import hjson
-
-        try:
-            config = hjson.loads(text)
-        except hjson.HjsonDecodeError as exc:
-            raise DsConfigError(f"{path}: not valid JSON ({exc})") from None
+    config = parse_json(read_text(path, DsConfigError), str(path), DsConfigError, hjson_too=True)
     if not isinstance(config, dict):
         raise DsConfigError(f"{path}: a DeepSpeed config is a JSON object, this holds a {type(config).__name__}")
     return dict(config)
