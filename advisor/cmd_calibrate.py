@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from advisor.inputs import FiniteFloatRange, writable_path
+from advisor.inputs import FiniteFloatRange
+from advisor.outputs import output_file, output_folder
 from calibration import FAMILIES as FAMILY_CHOICES
 
 
@@ -61,7 +62,7 @@ def calibrate(quick, out, name, gpus, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu
     node (docs/CALIBRATION.md).
     """
     out = out or Path(f"{name or 'calibrated-profile'}.json")
-    writable_path(str(out), "--out", make_folder=True)  # its raw file beside it is written from the first result
+    output_file(str(out), "--out", make_folder=True, reads=(fill_from,))  # its raw file is written from the first result
     forwarded = _forwarded(out, name, quick, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu_idle_w, only)
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     if not under_torchrun:
@@ -99,7 +100,6 @@ def calibrate(quick, out, name, gpus, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu
 @click.option("--dry-run", is_flag=True, help="Print the commands without running them.")
 def wheelhouse(out_dir, python_version, platforms, arch, deepspeed_version, extra, dry_run):
     """Build a directory of wheels to install calibration and real runs on an offline node."""
-    from advisor.inputs import writable_folder
     from calibration import wheelhouse as wh
     from calibration.environment import package_version
 
@@ -112,7 +112,7 @@ def wheelhouse(out_dir, python_version, platforms, arch, deepspeed_version, extr
         for s in steps:
             click.echo(" ".join([*(f"{k}={v}" for k, v in s.env.items()), *s.argv]))
         return
-    writable_folder(str(out_dir), "--out")
+    output_folder(str(out_dir), "--out")
     try:
         wh.run_plan(steps, echo=lambda m: click.echo(m, err=True))
     except subprocess.CalledProcessError as exc:

@@ -262,6 +262,26 @@ def gpus_from_batch(settings: DsSettings, sp: int) -> int | None:
     return tbs // (mb * ga) * sp
 
 
+def batch_sizes(train_batch_size: int, micro_batch: int | None, grad_accum: int | None, dp: int) -> tuple[int, int]:
+    """(micro-batch, gradient accumulation) as DeepSpeed sets them from a train_batch_size and what else is
+    given (runtime/config.py, _set_batch_related_parameters): train_batch_size = micro-batch x accumulation
+    x data-parallel ranks must hold exactly, and DeepSpeed refuses the run where it does not. The advisor
+    once rounded instead: 8 sequences became 9 on 3 GPUs, or 16 with --grad-accum 2."""
+    given = [(name, value) for name, value in (("micro-batch", micro_batch), ("gradient accumulation", grad_accum))
+             if value is not None]
+    per_step = dp
+    for _, value in given:
+        per_step *= value
+    if train_batch_size % per_step or (len(given) == 2 and train_batch_size != per_step):
+        factors = " x ".join([f"{name} {value}" for name, value in given] + [f"{dp} data-parallel GPUs"])
+        verb = "is not" if len(given) == 2 else "does not divide by"
+        raise DsConfigError(f"train_batch_size {train_batch_size} {verb} {factors}; DeepSpeed refuses such a config")
+    rest = train_batch_size // per_step
+    if micro_batch is None:
+        return rest, grad_accum or 1
+    return micro_batch, grad_accum or rest
+
+
 def with_defaults(fields: dict) -> dict:
     """DeepSpeed's defaults for what a config leaves out: overlap_comm is on only for ZeRO-3."""
     return {"overlap_comm": fields.get("zero_stage", 0) == 3, **fields}
@@ -269,5 +289,11 @@ def with_defaults(fields: dict) -> dict:
 
 def strategy_from_ds_config(settings: DsSettings, gpus: int, gpus_per_node: int, base: Strategy | None = None) -> Strategy:
     """The strategy a config describes on `gpus` GPUs; fields it omits come from `base`,
-    then from DeepSpeed's defaults."""
-    return replace(base or Strategy(), gpus=gpus, gpus_per_node=gpus_per_node, **with_defaults(settings.fields))
+    then from DeepSpeed's defaults; micro-batch and accumulation as DeepSpeed sets them from a
+    train_batch_size (`batch_sizes`)."""
+    fields = with_defaults(settings.fields)
+    if settings.train_batch_size is not None:
+        dp = gpus // fields.get("sp", 1)
+        fields["micro_batch"], fields["grad_accum"] = batch_sizes(
+            settings.train_batch_size, fields.get("micro_batch"), fields.get("grad_accum"), max(dp, 1))
+    return replace(base or Strategy(), gpus=gpus, gpus_per_node=gpus_per_node, **fields)
