@@ -273,7 +273,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     if kv_heads is None:  # absent or null (Phi-3 and others write null): one KV head per head
         kv_heads = heads
     if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0 or heads % kv_heads:
-        raise ModelConfigError(f"{where}: 'num_key_value_heads' must divide num_attention_heads ({heads}), "
+        raise ModelConfigError(f"{where}: key 'num_key_value_heads' must divide num_attention_heads ({heads}), "
                                f"got {shown(kv_heads)}")
     qk_key = "use_qk_norm" if "use_qk_norm" in text else "qk_norm"
     head_dim = text.get("head_dim")

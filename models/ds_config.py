@@ -126,12 +126,13 @@ def _get(section: dict, key: str, kind, where: str, default=None):
     value = section[key]
     if kind is bool:
         ok = isinstance(value, bool)
-    elif kind is int:
-        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-              and float(value).is_integer())
+    elif kind is int:  # 4.0 is 4, as DeepSpeed reads it; an int of any size stays exact
+        ok = not isinstance(value, bool) and (
+            isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer()))
         value = int(value) if ok else value
     elif kind is float:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        ok = not isinstance(value, bool) and (
+            isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)))
     else:
         ok = isinstance(value, kind)
     if not ok:
@@ -179,7 +180,11 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
     opt = _section(zero, "offload_optimizer", f"{origin} zero_optimization")
     out["offload_optimizer"] = _device(opt, "zero_optimization.offload_optimizer", origin)
     if out["offload_optimizer"] == "cpu":
-        out["offload_ratio"] = float(_get(opt, "ratio", float, f"{origin} offload_optimizer", 1.0))
+        ratio = _get(opt, "ratio", float, f"{origin} offload_optimizer", 1.0)
+        if not 0 < ratio <= 1:
+            raise DsConfigError(f"{origin}: bad key 'zero_optimization.offload_optimizer.ratio': must be in (0, 1], "
+                                f"got {shown(ratio)}")
+        out["offload_ratio"] = float(ratio)
         out["super_offload"] = _get(opt, "super_offload", bool, f"{origin} offload_optimizer", False)
     param = _section(zero, "offload_param", f"{origin} zero_optimization")
     out["offload_param"] = _device(param, "zero_optimization.offload_param", origin)

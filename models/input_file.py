@@ -70,16 +70,27 @@ def _loads(text: str, hjson_too: bool):
     return hjson.loads(text)
 
 
+def cut_short(text: str) -> bool:
+    """Whether `text` is malformed JSON of the kind a writer killed mid-line leaves: a syntax error, not
+    nesting too deep or an integer too long (those are whole lines, and wrong)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return True
+    except (RecursionError, ValueError):
+        return False
+    return False
+
+
 def check_depth(value, origin: str, error: type[ValueError] = InputFileError) -> None:
-    """Nesting of at most MAX_DEPTH levels, walked without recursion: every recursive walker after
-    the parser (validation, hashing, printing) is then safe."""
-    level = [value]
-    for depth in range(MAX_DEPTH + 1):
-        level = [child for node in level
-                 for child in (node.values() if isinstance(node, dict) else node if isinstance(node, list) else ())]
-        if not level:
-            return
-    raise error(f"{origin}: nested deeper than {MAX_DEPTH} levels")
+    """At most MAX_DEPTH levels of arrays and objects, walked without recursion: every recursive walker
+    after the parser (validation, hashing, printing) is then safe."""
+    level, depth = [value], 0
+    while level := [node for node in level if isinstance(node, (dict, list))]:
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise error(f"{origin}: nested deeper than {MAX_DEPTH} levels")
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)]
 
 
 def read_json(path: str | Path, error: type[ValueError] = InputFileError, max_bytes: int = MAX_DOCUMENT_BYTES):

@@ -302,8 +302,8 @@ class Collective(_Strict):
     @classmethod
     def _sizes_increase(cls, points: list[CollectiveAtSize]) -> list[CollectiveAtSize]:
         sizes = [p.group_size.value for p in points]
-        if not all(0 < n < float("inf") for n in sizes):
-            return points  # the profile's check of every constant names the entry that is not a positive number
+        if not all(0 < n <= MAX_GPUS for n in sizes):
+            return points  # the profile's check of every constant names the entry out of its range
         if any(b <= a for a, b in zip(sizes, sizes[1:])) or any(n < 2 for n in sizes):
             raise ValueError(f"group sizes must be >= 2 and strictly increasing, got {sizes}")
         return points
@@ -679,7 +679,7 @@ def parse_profile(data: dict, origin: str = "<dict>") -> HardwareProfile:
         if not first["loc"] and ": " in first["msg"]:  # a whole-profile check names its key itself
             key, _, message = first["msg"].removeprefix("Value error, ").partition(": ")
             raise ProfileError(f"{origin}: bad key '{key}': {message}") from None
-        raise ProfileError(f"{origin}: bad key '{key}': {first['msg']}") from None
+        raise ProfileError(f"{origin}: bad key '{key}': {first['msg'].removeprefix('Value error, ')}") from None
 
 
 def profile_path(name_or_path: str | Path = DEFAULT_PROFILE) -> Path:

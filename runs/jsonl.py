@@ -6,7 +6,7 @@ import os
 import warnings
 from pathlib import Path
 
-from models.input_file import MAX_LINES_BYTES, parse_json, read_text
+from models.input_file import MAX_LINES_BYTES, cut_short, parse_json, read_text
 from runs.record import RunRecord, RunRecordError
 
 
@@ -36,7 +36,7 @@ def read_records(path: str | Path, missing_ok: bool = False) -> list[RunRecord]:
         try:
             records.append(RunRecord.from_dict(parse_json(line, f"{path}:{number}", RunFileError)))
         except RunFileError:
-            if number == len(lines) and not text.endswith("\n"):
+            if number == len(lines) and not text.endswith("\n") and cut_short(line):
                 warnings.warn(f"{path}:{number}: the last line is cut short (a writer killed mid-line?); "
                               "skipped, its run is not read", TornLineWarning, stacklevel=2)
                 break
