@@ -3,7 +3,8 @@
 Imports stay inside the commands so `advisor recommend` starts fast and never imports
 torch or DeepSpeed; calibrate, validate and fit live in their own modules, loaded only
 when called (and left out of the list when their module is not installed).
-Users' mistakes end in one line and a non-zero exit, never a traceback.
+Users' mistakes end in one line and a non-zero exit, never a traceback: our errors' messages, and
+a path the system refuses (a name too long, a folder where a file should be) with the system's reason.
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ from advisor.inputs import (
     parse_sequences,
 )
 from advisor.outputs import output_file, output_folder
-from models.limits import MAX_COUNT, MAX_GPUS, MAX_PER_SAMPLE
 from advisor.rounds import DEFAULT_ROUNDS, repeat_margin
-from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE
+from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE, MAX_TRIALS
+from models.limits import MAX_COUNT, MAX_GPUS, MAX_PER_SAMPLE
 
 DEFAULT_TOKENS = "1B"
 LAZY_COMMANDS = {
@@ -81,6 +82,12 @@ class AdvisorGroup(click.Group):
         except click.UsageError as exc:
             where = f" (see advisor {ctx.invoked_subcommand} --help)" if ctx.invoked_subcommand else ""
             raise OneLineUsageError(exc.format_message().replace("\n", " ") + where) from None
+        except OSError as exc:
+            if exc.filename is None:  # not a path's: standard output's, which run() reports
+                raise
+            from models.input_file import shown_path
+
+            raise click.ClickException(f"cannot use {shown_path(exc.filename)}: {exc.strerror}") from None
         except Exception as exc:
             if _is_user_error(exc):
                 raise click.ClickException(" ".join(str(exc).split())) from None
@@ -241,7 +248,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               show_default=True,
               help="auto: predict every strategy when the space holds at most 50,000 (exact, under a second), "
                    "else Optuna; Optuna whenever --trials or --storage is given.")
-@click.option("--trials", type=click.IntRange(min=1), default=None,
+@click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None,
               help=f"Optuna trials in this run (a resumed study adds to its earlier ones). Default: {DEFAULT_TRIALS}, "
                    f"{DEFAULT_TRIALS_GPU_RANGE} when --gpus is a range.")
 @click.option("--storage", default=None, help="Optuna storage URL: sqlite:///study.db resumes, postgresql://... shares.")

@@ -29,7 +29,7 @@ def read_text(path: str | Path, error: type[ValueError] = InputFileError, max_by
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
-        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise error(f"cannot read {shown_path(path)}: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise error(f"{path}: not a regular file (a device, FIFO or socket cannot be read as one)")
@@ -96,6 +96,12 @@ def check_depth(value, origin: str, error: type[ValueError] = InputFileError) ->
 def read_json(path: str | Path, error: type[ValueError] = InputFileError, max_bytes: int = MAX_DOCUMENT_BYTES):
     """A JSON file's value, read and parsed as above."""
     return parse_json(read_text(path, error, max_bytes), str(path), error)
+
+
+def shown_path(path) -> str:
+    """A path as a message shows it: whole, or its two ends where it is longer than a line."""
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
 
 
 def shown(value) -> str:

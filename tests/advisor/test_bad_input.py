@@ -597,3 +597,17 @@ def test_any_poisoned_run_record_is_refused_naming_its_line(tmp_path_factory, wh
     out = ["--out", "fitted.json"] if command == "fit" else []
     line = refused(folder, [command, "--runs", str(runs), "--profile", "gh200", *out], "runs.jsonl:2: not a run record")
     assert field in line or "ZeRO stage" in line or "positive" in line or "offload ratio" in line, line
+
+
+@pytest.mark.parametrize("option", ["--model", "--profile", "--ds-config", "--plot"])
+def test_a_path_the_system_refuses_is_one_line(tmp_path, option):
+    """A name past the file system's limit (an OSError from the first look at the path)."""
+    long = "a" * 5000 + (".png" if option == "--plot" else ".json")
+    args = ["recommend", "--model", "7B", "--seq", "4k"] if option == "--plot" else ["predict", *FAST]
+    args = [*args, option, long] if option != "--model" else ["predict", "--model", long, "--seq", "4k"]
+    line = refused(tmp_path, args, "too long")
+    assert len(line) < 300
+
+
+def test_a_search_of_a_billion_trials_is_refused(tmp_path):
+    refused(tmp_path, ["recommend", *FAST, "--trials", "1000000000"], "--trials")
