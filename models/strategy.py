@@ -6,6 +6,7 @@ silently dropped: `static_reasons` says why each one is infeasible.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, fields
 
@@ -13,7 +14,8 @@ import numpy as np
 
 from models.architecture import Architecture
 from models.input_file import shown
-from models.limits import MAX_BUCKET_ELEMENTS, MAX_COUNT, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_PER_SAMPLE
+from models.limits import (MAX_BUCKET_ELEMENTS, MAX_COUNT, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_PER_SAMPLE,
+                           MAX_SEQUENCES)
 
 OFFLOAD_NONE, OFFLOAD_CPU = 0, 1
 OFFLOAD_NAMES = {"none": OFFLOAD_NONE, "cpu": OFFLOAD_CPU}
@@ -111,14 +113,21 @@ def _type_reasons(s: Strategy) -> list[str]:
     for f in fields(Strategy):
         value, kind = getattr(s, f.name), f.type
         flag = isinstance(value, (bool, np.bool_))
-        ok = {"int": isinstance(value, numbers.Integral) and not flag,
-              "float": isinstance(value, numbers.Real) and not flag and bool(np.isfinite(value)),
-              "bool": flag, "str": isinstance(value, str)}[kind]
+        if kind == "int":
+            ok = isinstance(value, numbers.Integral) and not flag
+        elif kind == "float":  # an int of any size is finite; math.isfinite would overflow on it
+            ok = (isinstance(value, numbers.Real) and not flag
+                  and (isinstance(value, numbers.Integral) or math.isfinite(value)))
+        else:
+            ok = flag if kind == "bool" else isinstance(value, str)
         if not ok:
             wrong.append(f"{f.name} must be {'a whole number' if kind == 'int' else 'a number' if kind == 'float' else kind}"
                          f", got {shown(value)}")
         elif f.name in _MOST and value > _MOST[f.name]:
             wrong.append(f"{f.name} must be at most {_MOST[f.name]:,}, got {shown(value)}")
+    if not wrong and s.sp > 0 and s.global_batch > MAX_SEQUENCES:
+        wrong.append(f"a step of {s.global_batch:.3g} sequences (micro-batch x accumulation x data-parallel GPUs) is "
+                     f"more than {MAX_SEQUENCES:.0e}")
     return wrong
 
 
@@ -141,7 +150,7 @@ def _value_reasons(s: Strategy) -> list[str]:
     """Fields whose values no strategy has, whatever the model and the other fields."""
     reasons = []
     if s.zero_stage not in (0, 1, 2, 3):
-        reasons.append(f"ZeRO stage must be 0-3, got {s.zero_stage}")
+        reasons.append(f"ZeRO stage must be 0-3, got {shown(s.zero_stage)}")
     if s.offload_optimizer not in OFFLOAD_NAMES or s.offload_param not in OFFLOAD_NAMES:
         reasons.append("offload devices must be 'none' or 'cpu'")
     if s.gpus < 1 or s.gpus_per_node < 1 or s.sp < 1 or s.micro_batch < 1 or s.grad_accum < 1:
@@ -149,11 +158,11 @@ def _value_reasons(s: Strategy) -> list[str]:
     if min(s.reduce_bucket_size, s.allgather_bucket_size, s.prefetch_bucket_size) < 1:
         reasons.append("bucket sizes must be positive")
     if not 0 < s.offload_ratio <= 1:
-        reasons.append(f"offload ratio must be in (0, 1], got {s.offload_ratio}")
+        reasons.append(f"offload ratio must be in (0, 1], got {shown(s.offload_ratio)}")
     if s.cpu_threads_per_rank < 0:
-        reasons.append(f"CPU threads per rank must be positive (0: the launch default), got {s.cpu_threads_per_rank}")
+        reasons.append(f"CPU threads per rank must be positive (0: the launch default), got {shown(s.cpu_threads_per_rank)}")
     if s.checkpoint_every < 0:
-        reasons.append(f"checkpoint_every must be 0 or more, got {s.checkpoint_every}")
+        reasons.append(f"checkpoint_every must be 0 or more, got {shown(s.checkpoint_every)}")
     return reasons
 
 
