@@ -47,8 +47,31 @@ def read_records(path: str | Path, missing_ok: bool = False) -> list[RunRecord]:
 
 
 def append_record(path: str | Path, record: RunRecord) -> None:
-    """One line, flushed and synced: a killed sweep loses at most the run in flight."""
-    with open(path, "a") as f:
-        f.write(record.to_json_line())
+    """One line, flushed and synced: a killed sweep loses at most the run in flight. A torn last line
+    (that run's, skipped by `read_records`) is cut off first, so the new record starts a line of its own
+    rather than finish the torn one, which would make both unreadable."""
+    with open(path, "ab+") as f:
+        _cut_torn_tail(f)
+        f.write(record.to_json_line().encode())
         f.flush()
         os.fsync(f.fileno())
+
+
+def _cut_torn_tail(f, block: int = 65536) -> None:
+    """Truncate `f` after its last newline, where it does not end with one (a line a killed writer tore)."""
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+        return
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+        return
+    stop = end
+    while stop > 0:
+        start = max(0, stop - block)
+        f.seek(start)
+        newline = f.read(stop - start).rfind(b"\n")
+        if newline >= 0:
+            f.truncate(start + newline + 1)
+            return
+        stop = start
+    f.truncate(0)

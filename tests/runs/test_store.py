@@ -176,6 +176,11 @@ def test_a_torn_last_line_is_skipped_said_and_any_other_bad_line_named(tmp_path)
         f.write('{"key": "half a reco')  # the sweep was killed while writing
     with pytest.warns(TornLineWarning, match="runs.jsonl:2: the last line is cut short"):
         assert [r.candidate.seq_len for r in read_records(path)] == [1024]
+    append_record(path, record(2048))  # the resumed sweep's next run: the torn line is cut, not continued
+    with open(path, "a") as f:
+        f.write('{"key": "half')  # killed again
+    append_record(path, record(4096))
+    assert [r.candidate.seq_len for r in read_records(path)] == [1024, 2048, 4096]
     path.write_text(record(1024).to_json_line() + '{"key": "half a reco\n')  # ends as a line does: not torn
     with pytest.raises(RunFileError, match="runs.jsonl:2: not valid JSON"):
         read_records(path)
