@@ -327,9 +327,11 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     tokens = parse_count(tokens_text, "--tokens")
     if plot_path and not plot_path.lower().endswith(".png"):
         raise InputError(f"bad --plot '{plot_path}': the plot is a PNG, name it FILE.png")
+    from models.profile import profile_path
+
     for option, path in (("--out-ds-config", out_ds_config), ("--plot", plot_path)):
-        if path:
-            output_file(path, option, reads=(model, profile))  # before the search, so its result is not lost
+        if path:  # before the search, so its result is not lost
+            output_file(path, option, reads=(model, profile_path(profile)))
     if validate_k is not None and not plan_only:
         output_folder(workdir, "--workdir")
     arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision, loss_dtype)

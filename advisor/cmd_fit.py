@@ -106,14 +106,14 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, prior_text, jobs, 
     if folds and not loo:
         raise click.UsageError("--folds holds runs out: it cannot go with --no-loo")
     base_profile = load_profile(profile)
-    reads = _inputs(run_paths, store_path, profile)
-    # before the fit's minutes, so its result is not lost
-    out = output_file(out_path, "--out", make_folder=True, reads=reads)
-    output_file(str(band_path(out)), "--out (its band beside it)", reads=reads)
     run_set = _run_set(run_paths, store_path)
     if folds and folds > len(run_set.runs):
         raise click.UsageError(f"--folds {folds}: more folds than the {len(run_set.runs)} runs; give at most "
                                f"{len(run_set.runs)}, or leave --folds out to hold out each run")
+    reads = _inputs(run_paths, store_path, profile)
+    # after every input is read (its folder is made here), before the fit's minutes, so its result is not lost
+    out = output_file(out_path, "--out", make_folder=True, reads=reads)
+    output_file(str(band_path(out)), "--out (its band beside it)", reads=reads)
     done = refit(run_set.runs, base_profile, prior, loo=loo, data_note=_sources(run_paths, store_path),
                  jobs=jobs, progress=to_stderr, folds=folds)
     model, base, report = done.model, done.base, done.report

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from models.input_file import read_json
+from models.input_file import read_json, shown
 from models.limits import MAX_GPUS, MAX_GPUS_PER_NODE
 
 SCHEMA_VERSION = 1
@@ -525,7 +525,7 @@ class HardwareProfile(_Strict):
     def _check_version(cls, data):
         if isinstance(data, dict) and data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(
-                f"unknown schema_version {data.get('schema_version')!r}; this advisor reads {SCHEMA_VERSION}"
+                f"unknown schema_version {shown(data.get('schema_version'))}; this advisor reads {SCHEMA_VERSION}"
             )
         return data
 
