@@ -4,7 +4,7 @@ without the parser's own failure modes.
 A device (/dev/zero) read whole fills the memory, a FIFO blocks the command forever, a binary file
 fails to decode, JSON nested 200,000 deep overflows the parser's stack, and an integer of thousands
 of digits cannot even be printed. Each becomes one error naming the file, raised as the loader's own
-error class so that its callers need not know this module.
+error class (`error`) so that its callers need not know this module.
 """
 from __future__ import annotations
 
@@ -18,11 +18,7 @@ MAX_LINES_BYTES = 256 * 2**20  # run records and sweeps, one JSON object a line:
 MAX_DEPTH = 64  # our deepest files nest 8 levels; Python's parsers fail near 1,000
 
 
-class InputFileError(ValueError):
-    """A file that cannot be read as the advisor reads it; the message names the file."""
-
-
-def read_text(path: str | Path, error: type[ValueError] = InputFileError, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
+def read_text(path: str | Path, error: type[ValueError], max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
     """The text of a regular file of at most `max_bytes`. Opened without blocking and checked once open,
     so a FIFO or a device named as a file is refused rather than waited on or read without end."""
     path = Path(path)
@@ -45,7 +41,7 @@ def read_text(path: str | Path, error: type[ValueError] = InputFileError, max_by
         raise error(f"{path}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}): a binary file?") from None
 
 
-def parse_json(text: str, origin: str, error: type[ValueError] = InputFileError, hjson_too: bool = False):
+def parse_json(text: str, origin: str, error: type[ValueError], hjson_too: bool = False):
     """`text` as JSON (with `hjson_too`, HJSON where it is not JSON, as DeepSpeed reads its configs); one
     error naming `origin` for malformed JSON, nesting deeper than MAX_DEPTH and integers too long to
     convert."""
@@ -55,7 +51,7 @@ def parse_json(text: str, origin: str, error: type[ValueError] = InputFileError,
         raise error(f"{origin}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # malformed, or an integer of more digits than Python converts (4,300)
         raise error(f"{origin}: not valid JSON ({exc})") from None
-    check_depth(value, origin, error)
+    _check_depth(value, origin, error)
     return value
 
 
@@ -82,7 +78,7 @@ def cut_short(text: str) -> bool:
     return False
 
 
-def check_depth(value, origin: str, error: type[ValueError] = InputFileError) -> None:
+def _check_depth(value, origin: str, error: type[ValueError]) -> None:
     """At most MAX_DEPTH levels of arrays and objects, walked without recursion: every recursive walker
     after the parser (validation, hashing, printing) is then safe."""
     level, depth = [value], 0
@@ -93,7 +89,7 @@ def check_depth(value, origin: str, error: type[ValueError] = InputFileError) ->
         level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)]
 
 
-def read_json(path: str | Path, error: type[ValueError] = InputFileError, max_bytes: int = MAX_DOCUMENT_BYTES):
+def read_json(path: str | Path, error: type[ValueError], max_bytes: int = MAX_DOCUMENT_BYTES):
     """A JSON file's value, read and parsed as above."""
     return parse_json(read_text(path, error, max_bytes), str(path), error)
 
