@@ -106,9 +106,9 @@ SIZES = st.one_of(st.none(), st.integers(1, 64))
 def test_batch_sizes_hold_the_train_batch_size_exactly_or_refuse(train_batch_size, micro_batch, grad_accum, dp):
     """As DeepSpeed sets them: what is given is kept, the rest follows, and the three multiply to
     train_batch_size; where no whole numbers can, the config is refused (never rounded to another batch)."""
-    candidates = [(mb, ga) for mb in ([micro_batch] if micro_batch else range(1, train_batch_size + 1))
-                  for ga in ([grad_accum] if grad_accum else range(1, train_batch_size + 1))
-                  if mb * ga * dp == train_batch_size]
+    candidates = [(mb, train_batch_size // (mb * dp))
+                  for mb in ([micro_batch] if micro_batch else range(1, train_batch_size + 1))
+                  if train_batch_size % (mb * dp) == 0 and grad_accum in (None, train_batch_size // (mb * dp))]
     try:
         mb, ga = batch_sizes(train_batch_size, micro_batch, grad_accum, dp)
     except DsConfigError as exc:
