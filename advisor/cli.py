@@ -3,23 +3,24 @@
 Imports stay inside the commands so `advisor recommend` starts fast and never imports
 torch or DeepSpeed; calibrate, validate and fit live in their own modules, loaded only
 when called (and left out of the list when their module is not installed).
-Users' mistakes end in one line and a non-zero exit, never a traceback.
+Users' mistakes end in one line and a non-zero exit, never a traceback: our errors' messages, and
+a path the system refuses (a name too long, a folder where a file should be) with the system's reason.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import json
+import os
 import signal
+import sys
 import time
+import warnings
 
 import click
 
 from advisor.extras import is_gpu_module, missing_line
 from advisor.inputs import (
-    MAX_COUNT,
-    MAX_GPUS,
-    MAX_PER_SAMPLE,
     FiniteFloatRange,
     InputError,
     check_whole_nodes,
@@ -30,11 +31,11 @@ from advisor.inputs import (
     parse_gpus,
     parse_seq,
     parse_sequences,
-    writable_folder,
-    writable_path,
 )
+from advisor.outputs import output_file, output_folder
 from advisor.rounds import DEFAULT_ROUNDS, repeat_margin
-from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE
+from advisor.search import DEFAULT_TRIALS, DEFAULT_TRIALS_GPU_RANGE, MAX_TRIALS
+from models.limits import MAX_COUNT, MAX_GPUS, MAX_PER_SAMPLE
 
 DEFAULT_TOKENS = "1B"
 LAZY_COMMANDS = {
@@ -86,6 +87,12 @@ class AdvisorGroup(click.Group):
             if is_gpu_module(exc.name):
                 raise click.ClickException(missing_line(ctx.invoked_subcommand, exc.name)) from None
             raise
+        except OSError as exc:
+            if exc.filename is None:  # not a path's: standard output's, which run() reports
+                raise
+            from models.input_file import shown_path
+
+            raise click.ClickException(f"cannot use {shown_path(exc.filename)}: {exc.strerror}") from None
         except Exception as exc:
             if _is_user_error(exc):
                 raise click.ClickException(" ".join(str(exc).split())) from None
@@ -104,16 +111,31 @@ def _module_exists(module: str) -> bool:
 def main():
     """Energy-aware DeepSpeed configuration advisor: predict step time, energy and memory of
     DeepSpeed strategies from a hardware profile, and recommend one."""
+    warnings.showwarning = _show_warning
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Our warnings (a run file's torn last line) as one line for people; others as Python shows them."""
+    if category.__module__.split(".")[0] in _OUR_PACKAGES:
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
 
 
 def workload_options(f):
     """Options both commands share: what is trained, and on which hardware profile."""
     for decorator in reversed([
         click.option("--model", required=True, help="Preset (7B, llama-2-13b, qwen2.5-vl-7b, ...) or a config.json path."),
-        click.option("--seq", "seq_text", required=True, help="Context length in tokens: 4096, 4k, 32k, 1M."),
+        click.option("--seq", "seq_text", required=True,
+                     help="Context length in tokens; k and M are binary, as contexts are quoted: 4k = 4096, "
+                          "32k = 32768, 1M = 1048576."),
         click.option("--profile", default="gh200", show_default=True, help="Shipped profile name or profile JSON path."),
         click.option("--global-batch", "global_batch_text", default=None,
-                     help="Sequences per optimizer step. Default: max(1, 2**20 // seq), about 1M tokens."),
+                     help="Sequences per optimizer step; k is decimal, as counts are: 2k = 2000 (unlike --seq). "
+                          "Default: max(1, 2**20 // seq), about 1M tokens."),
         click.option("--images", type=click.IntRange(0, MAX_PER_SAMPLE), default=0, help="Images per sample (vision models)."),
         click.option("--frames", type=click.IntRange(0, MAX_PER_SAMPLE), default=0, help="Video frames per sample (vision models)."),
         click.option("--image-size", type=click.IntRange(1, MAX_PER_SAMPLE), default=None, help="Image side in pixels (default: the model's)."),
@@ -149,8 +171,9 @@ def _global_batch(text, seq) -> int:
               help="GPU count (default: from --ds-config's batch sizes, else one node of the profile).")
 @click.option("--sp", type=click.IntRange(1, MAX_COUNT), default=None, help="Ulysses sequence-parallel degree.")
 @click.option("--checkpointing", default=None,
-              help="Activation checkpointing: none, full or every-K (K-th layers), each optionally +cpu "
-                   "(checkpoints kept in host memory), e.g. every-4+cpu.")
+              help="Activation checkpointing: exactly none, full or every-K (every K-th layer, K >= 1), each "
+                   "optionally +cpu (checkpoints kept in host memory), e.g. every-4+cpu; case-insensitive, "
+                   "nothing else accepted.")
 @click.option("--ds-config", "ds_config_path", type=click.Path(dir_okay=False), default=None,
               help="Read the strategy from an existing DeepSpeed config; explicit flags override it.")
 @click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage.")
@@ -234,7 +257,7 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
               show_default=True,
               help="auto: predict every strategy when the space holds at most 50,000 (exact, under a second), "
                    "else Optuna; Optuna whenever --trials or --storage is given.")
-@click.option("--trials", type=click.IntRange(min=1), default=None,
+@click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None,
               help=f"Optuna trials in this run (a resumed study adds to its earlier ones). Default: {DEFAULT_TRIALS}, "
                    f"{DEFAULT_TRIALS_GPU_RANGE} when --gpus is a range.")
 @click.option("--storage", default=None, help="Optuna storage URL: sqlite:///study.db resumes, postgresql://... shares.")
@@ -320,11 +343,13 @@ def recommend(model, seq_text, profile, global_batch_text, images, frames, image
     tokens = parse_count(tokens_text, "--tokens")
     if plot_path and not plot_path.lower().endswith(".png"):
         raise InputError(f"bad --plot '{plot_path}': the plot is a PNG, name it FILE.png")
+    from models.profile import profile_path
+
     for option, path in (("--out-ds-config", out_ds_config), ("--plot", plot_path)):
-        if path:
-            writable_path(path, option)  # before the search, so its result is not lost
+        if path:  # before the search, so its result is not lost
+            output_file(path, option, reads=(model, profile_path(profile)))
     if validate_k is not None and not plan_only and workdir:
-        writable_folder(workdir, "--workdir")
+        output_folder(workdir, "--workdir")
     arch, workload, prof = _load(model, seq_text, profile, images, frames, image_size, freeze_vision, loss_dtype)
     per_node = int(prof.gpus_per_node.value)
     gpu_range = parse_gpus(gpus_text or per_node)
@@ -361,9 +386,57 @@ def _interrupt(signum, frame):
 def run():
     """The `advisor` command. A stop from `kill` or a scheduler (SIGTERM) ends it as Ctrl-C does:
     joblib then stops a refit's worker processes, which a plain SIGTERM left running (two of them
-    still busy after the command had gone, 2026-12-02)."""
+    still busy after the command had gone, 2026-12-02).
+
+    A command whose output cannot be written fails in one line: a closed standard output (`>&-`)
+    before any work (it had exited 0 having printed nothing), a full one (`> /dev/full`) when it
+    is written (an OSError traceback)."""
     signal.signal(signal.SIGTERM, _interrupt)
-    main()
+    if sys.stdout is None:
+        _fail("standard output is closed; give the command somewhere to print (a file, a pipe, /dev/null)")
+    sys.stdout = stdout = _WatchedOutput(sys.stdout)
+    try:
+        try:
+            main()
+        finally:
+            sys.stdout.flush()
+    except OSError as exc:
+        if stdout.failed is None:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())  # so the interpreter's flush at exit passes
+        _fail(f"cannot write to standard output ({exc.strerror or exc})")
+
+
+class _WatchedOutput:
+    """Standard output as it was, remembering a write to it that failed: an OSError escaping a command
+    is then known to be the output's own (a full disk), not a bug."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.failed: OSError | None = None
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self.failed = exc
+            raise
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except OSError as exc:
+            self.failed = exc
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _fail(message: str) -> None:
+    if sys.stderr is not None:
+        print(f"Error: {message}", file=sys.stderr)
+    raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
 
 import click
 
@@ -30,11 +28,13 @@ def _sources(run_paths, store_path) -> str:
     return ", ".join(list(run_paths) + ([f"store {store_path}"] if store_path else []))
 
 
-def _write_profile(profile, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(profile.to_json() + "\n")
-    tmp.replace(out)
+def _inputs(run_paths, store_path, profile) -> tuple:
+    """The files a command reads, which its outputs must not replace."""
+    from models.band import band_path
+    from models.profile import profile_path
+
+    read = profile_path(profile)
+    return (*run_paths, store_path, read, band_path(read))
 
 
 def _parameter_rows(model) -> list[dict]:
@@ -88,32 +88,40 @@ def _runs_summary(run_set) -> dict:
               help="How strongly constants stay at their starting values: a number, or 'cv' to pick "
                    "0.001, 0.01 or 0.1 by the error of runs held out (leverage-corrected).")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Processes for the leave-one-out refits (default: one a core).")
+              help="Processes for the held-out refits, at most one a core (default: one a core).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def fit(run_paths, store_path, profile, out_path, loo, folds, exact, prior_text, jobs, as_json):
     """Fit the profile's efficiency, overlap, overhead and power constants to measured runs and
     write the refined profile; print leave-one-out error (K-fold's with --folds) per strategy family,
     and write the 90% prediction band those errors give beside the profile (PROFILE.band.json)."""
     from advisor.accuracy import format_report
-    from advisor.inputs import writable_path
+    from advisor.inputs import check_jobs, usable_cores
+    from advisor.outputs import output_file, write_atomic
     from advisor.refit import refit, to_stderr
     from models.band import band_path
     from models.profile import load_profile
 
     prior = _prior(prior_text)
-    run_set = _run_set(run_paths, store_path)
+    jobs = check_jobs(jobs) if jobs else usable_cores()
     if (folds or exact) and not loo:
         raise click.UsageError("--folds and --exact hold runs out: they cannot go with --no-loo")
     if folds and exact:
         raise click.UsageError("--folds and --exact are two ways to hold runs out: give one")
-    writable_path(out_path, "--out", make_folder=True)  # before the fit's minutes, so its result is not lost
-    done = refit(run_set.runs, load_profile(profile), prior, loo=loo, data_note=_sources(run_paths, store_path),
-                 jobs=jobs or os.cpu_count() or 1, progress=to_stderr, folds=folds, exact=exact)
+    base_profile = load_profile(profile)
+    run_set = _run_set(run_paths, store_path)
+    if folds and folds > len(run_set.runs):
+        raise click.UsageError(f"--folds {folds}: more folds than the {len(run_set.runs)} runs; give at most "
+                               f"{len(run_set.runs)}, or leave --folds out to hold out each run")
+    reads = _inputs(run_paths, store_path, profile)
+    # after every input is read (its folder is made here), before the fit's minutes, so its result is not lost
+    out = output_file(out_path, "--out", make_folder=True, reads=reads)
+    output_file(str(band_path(out)), "--out (its band beside it)", reads=reads)
+    done = refit(run_set.runs, base_profile, prior, loo=loo, data_note=_sources(run_paths, store_path),
+                 jobs=jobs, progress=to_stderr, folds=folds, exact=exact)
     model, base, report = done.model, done.base, done.report
-    out = Path(out_path)
-    _write_profile(model.profile_, out)
+    write_atomic(out, model.profile_.to_json() + "\n")
     if done.band:
-        band_path(out).write_text(done.band.to_json() + "\n")
+        write_atomic(band_path(out), done.band.to_json() + "\n")
     rows = _parameter_rows(model)
     if as_json:
         click.echo(json.dumps({
@@ -190,16 +198,20 @@ def report(run_paths, store_path, profile, loo, prior_text, plot_path, as_json):
     """Accuracy of a profile on measured runs: step time and GPU energy MAPE, worst error, rank
     correlation, memory, per strategy family, against the targets."""
     from advisor.accuracy import accuracy_report, compare_as_is, format_report
+    from advisor.inputs import usable_cores
+    from advisor.outputs import output_file
     from advisor.refit import refit, to_stderr
     from models.profile import load_profile
 
     if plot_path and not plot_path.lower().endswith(".png"):
         raise click.UsageError(f"bad --plot '{plot_path}': the plot is a PNG, name it FILE.png")
     prior = _prior(prior_text)
-    run_set = _run_set(run_paths, store_path)
     prof = load_profile(profile)
+    if plot_path:  # before the work, so its result is not lost
+        output_file(plot_path, "--plot", reads=_inputs(run_paths, store_path, profile))
+    run_set = _run_set(run_paths, store_path)
     if loo:
-        done = refit(run_set.runs, prof, prior, jobs=os.cpu_count() or 1, progress=to_stderr)
+        done = refit(run_set.runs, prof, prior, jobs=usable_cores(), progress=to_stderr)
         result = accuracy_report(done.report.compared, f"leave-one-out, prior strength {done.prior_strength:g}",
                                  done.base.describe())
         note = ""

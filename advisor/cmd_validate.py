@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from advisor.inputs import MAX_GPUS, MAX_PER_SAMPLE, FiniteFloatRange, parse_seq
+from advisor.inputs import FiniteFloatRange, parse_seq
+from models.limits import MAX_GPUS, MAX_PER_SAMPLE
 from advisor.rounds import repeat_note
 from calibration.harness.window import WindowSettings
 from runs.record import HOST_SPELL_S
@@ -99,7 +100,7 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         print_progress,
         run_validation,
     )
-    from advisor.inputs import writable_folder, writable_path
+    from advisor.outputs import output_file, output_folder
     from calibration.harness.runner import RunSettings
     from models.ds_config import read_ds_config
 
@@ -118,8 +119,9 @@ def validate(model, seq_text, ds_config_path, gpus, images, frames, image_size, 
         from models.profile import DEFAULT_PROFILE
 
         profile = DEFAULT_PROFILE
-    workdir = writable_folder(workdir or default_workdir(), "--workdir")
-    jsonl = writable_path(jsonl_path, "--jsonl", make_folder=True) if jsonl_path else workdir / "runs.jsonl"
+    workdir = output_folder(workdir or default_workdir(), "--workdir")
+    jsonl = output_file(jsonl_path or workdir / "runs.jsonl", "--jsonl", make_folder=True,
+                        reads=(sweep_path, ds_config_path))
     slots = local_slots(parallel)
     prebuild_local(slots, prebuild)
 

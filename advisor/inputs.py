@@ -10,9 +10,10 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import click
+
+from models.limits import MAX_GPUS, MAX_SEQ, MAX_SEQUENCES, MAX_TOKENS
 
 
 class InputError(ValueError):
@@ -24,14 +25,6 @@ _SEQ_UNITS = {"": 1, "k": 1024, "m": 1024**2}
 # --tokens and --global-batch counts use decimal multiples, as token budgets are quoted: 1B = 1e9.
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([a-zA-Z]?)\s*$")
-# Largest values the cost model takes: beyond them numpy's integer columns would overflow, and no
-# training run is that large (a 16M-token context, 1e18 tokens, a trillion sequences a step).
-MAX_SEQ = 2**24
-MAX_TOKENS = 10**18
-MAX_SEQUENCES = 10**12
-MAX_GPUS = 2**20
-MAX_COUNT = 2**20  # sp, micro-batch, accumulation: their products with the GPUs stay inside int64
-MAX_PER_SAMPLE = 2**16  # images or frames per sample, pixels a side, CPU threads per rank
 
 
 def _scaled(text: str, units: dict[str, int], option: str, example: str, noun: str, limit: int) -> int:
@@ -145,6 +138,23 @@ def parse_fraction(text: str, option: str = "--max-slowdown") -> float:
     return value
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a scheduler's allocation sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def check_jobs(jobs: int, option: str = "--jobs") -> int:
+    """A count of worker processes, refused beyond the cores: more only queue for the same cores, each
+    holding a copy of the runs (--jobs 100000 ran for minutes and left 522 processes holding 20 GB)."""
+    cores = usable_cores()
+    if jobs > cores:
+        raise InputError(f"bad {option} {jobs}: this machine gives {cores} cores to this command; give at most {cores}")
+    return jobs
+
+
 def default_global_batch(seq_len: int) -> int:
     """About 2**20 tokens per optimizer step: max(1, 2**20 // seq) sequences."""
     return max(1, 2**20 // seq_len)
@@ -155,46 +165,6 @@ def step_global_batch(target: int, dp: int, micro_batch: int) -> tuple[int, int]
     per_pass = dp * micro_batch
     grad_accum = -(-target // per_pass)
     return grad_accum * per_pass, grad_accum
-
-
-def writable_folder(text: str, option: str) -> Path:
-    """A folder, made where missing, that takes new files (checked before the work that fills it)."""
-    folder = Path(text)
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"bad {option} '{text}': a file, not a folder")
-    _check_folder(folder, option, text, make=True)
-    return folder
-
-
-def writable_path(text: str, option: str, make_folder: bool = False) -> Path:
-    """A file path whose folder exists (or, with `make_folder`, is made) and takes a new file: checked
-    before long work starts."""
-    path = Path(text)
-    if path.is_dir():
-        raise InputError(f"bad {option} '{text}': a folder; name a file in it")
-    _check_folder(path.parent if str(path.parent) else Path("."), option, text, make=make_folder)
-    if path.exists() and not os.access(path, os.W_OK):
-        raise InputError(f"bad {option} '{text}': cannot write there")
-    return path
-
-
-def _check_folder(folder: Path, option: str, text: str, make: bool) -> None:
-    """`folder` exists (made, with `make`) and takes a new file: a scratch file is written, since
-    root's access checks pass where writes fail (/proc)."""
-    import tempfile
-
-    if make:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(f"bad {option} '{text}': cannot make folder {folder} ({exc.strerror})") from None
-    if not folder.is_dir():
-        raise InputError(f"bad {option} '{text}': folder {folder} does not exist")
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".advisor-write-check-"):
-            pass
-    except OSError as exc:
-        raise InputError(f"bad {option} '{text}': cannot write there ({exc.strerror})") from None
 
 
 class FiniteFloatRange(click.FloatRange):

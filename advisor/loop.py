@@ -477,6 +477,7 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     import os
     from datetime import datetime, timezone
 
+    from advisor.outputs import write_atomic
     from advisor.refit import refit, to_stderr
     from models.band import band_path
     from models.fit import fitted_run_ids
@@ -495,8 +496,8 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     to_stderr(f"refitting {profile_name} to {run_set.summary()}, each run left out once...")
     done = refit(run_set.runs, profile, data_note=f"store {store}", jobs=os.cpu_count() or 1,
                  progress=to_stderr)
-    out.write_text(done.model.profile_.to_json() + "\n")
-    band_path(out).write_text(done.band.to_json() + "\n")
+    write_atomic(out, done.model.profile_.to_json() + "\n")
+    write_atomic(band_path(out), done.band.to_json() + "\n")
     loo = done.report.families[0]
     return str(out), (f"refitted to {run_set.summary()}: leave-one-out step time MAPE {loo.time.mape:.1%}, GPU "
                       f"energy {loo.energy.mape or 0:.1%}; use it with --profile {out}")

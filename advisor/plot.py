@@ -1,13 +1,14 @@
 """The Pareto plot: every evaluated feasible strategy, the front, and the pick (PNG).
 
 matplotlib is imported here only, with the Agg backend, so a search without `--plot` never
-pays for it and no display is needed.
+pays for it and no display is needed. A plot replaces its file whole (advisor.outputs).
 """
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
+from advisor.outputs import replacing
 from advisor.search import SearchResult
 
 
@@ -38,7 +39,8 @@ def pareto_plot(result: SearchResult, path: str | Path, title: str, max_slowdown
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     return path
 
@@ -86,6 +88,7 @@ def accuracy_plot(report, path: str | Path) -> Path:
     fig.suptitle(f"Predicted against measured ({report.mode}), {report.profile}; lines: equal, 5%, 15%", fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     return path

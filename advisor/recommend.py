@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import click
 
+from advisor.outputs import write_atomic
 from advisor.search import Problem, SearchResult, auto_method, exhaustive_search, optuna_search
 from advisor.space import build_space
 
@@ -98,8 +99,7 @@ def write_output(option: str, path: str, write) -> None:
 
 def _dump_json(config: dict):
     def write(path):
-        with open(path, "w") as f:
-            json.dump(config, f, indent=2)
+        write_atomic(path, json.dumps(config, indent=2))
     return write
 
 

@@ -28,6 +28,9 @@ OBJECTIVES = ("energy", "time", "edp")
 # benchmark scenarios (benchmarks/bench_advisor.py); a searched GPU count doubles the space's reach.
 DEFAULT_TRIALS = 600
 DEFAULT_TRIALS_GPU_RANGE = 1200
+# The most a search may ask for: a hundred times the default, a search of hours. Beyond it a typo
+# (--trials 10000000) ran without end.
+MAX_TRIALS = 100_000
 # `--search auto` predicts every strategy when the space holds at most this many: exact, and under a
 # second at the model's ~300,000 strategies/s. Optuna missed the optimum there with 4 of 10 seeds
 # (7B at 32k on one node, 2,625 strategies, 600 trials; benchmarks/bench_advisor.py).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -39,15 +40,20 @@ def offload_fields(choice: str) -> dict:
     }
 
 
+# Exactly none, full or every-K (K >= 1, no leading zero), each optionally +cpu; in any case. Anything
+# else (`every-0`, `full+gpu`, `every-4+cpu+cpu`, a trailing space) is refused: read in part, it
+# silently meant another strategy.
+_CHECKPOINTING = re.compile(r"(none|full|every-([1-9][0-9]{0,5}))(\+cpu)?", re.IGNORECASE)
+
+
 def checkpoint_fields(choice: str) -> dict:
-    """`none`, `full`, `every-K`, each optionally `+cpu` (CPU checkpointing)."""
-    base, _, cpu = choice.partition("+")
-    every = {"none": 0, "full": 1}.get(base)
-    if every is None:
-        if not base.startswith("every-") or not base[6:].isdigit():
-            raise ValueError(f"unknown checkpointing choice {choice!r}")
-        every = int(base[6:])
-    return {"checkpoint_every": every, "cpu_checkpointing": cpu == "cpu"}
+    """`none`, `full`, `every-K`, each optionally `+cpu` (CPU checkpointing), case-insensitive."""
+    match = _CHECKPOINTING.fullmatch(choice)
+    if not match:
+        raise ValueError(f"unknown checkpointing choice {choice!r}")
+    base = match.group(1).lower()
+    every = {"none": 0, "full": 1}[base] if match.group(2) is None else int(match.group(2))
+    return {"checkpoint_every": every, "cpu_checkpointing": match.group(3) is not None}
 
 
 def family_name(zero_stage: int, offload: str) -> str:

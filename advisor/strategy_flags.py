@@ -7,9 +7,9 @@ Flags name the space's own vocabulary: `--checkpointing none | full | every-K`, 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from models.ds_config import DsSettings, gpus_from_batch, with_defaults
+from models.ds_config import DsConfigError, DsSettings, batch_sizes, gpus_from_batch, with_defaults
 from advisor.inputs import InputError, check_whole_nodes, step_global_batch
 from advisor.space import checkpoint_fields
 from models.architecture import Architecture
@@ -44,8 +44,8 @@ def parse_checkpointing(text: str) -> dict:
     try:
         return checkpoint_fields(text)
     except ValueError:
-        raise InputError(f"bad --checkpointing '{text}': use none, full or every-K, each optionally +cpu "
-                         "(full+cpu keeps the checkpoints in host memory)") from None
+        raise InputError(f"bad --checkpointing '{text}': use exactly none, full or every-K (K >= 1), each "
+                         "optionally +cpu, e.g. every-4+cpu (+cpu keeps the checkpoints in host memory)") from None
 
 
 def flags_for(strategy: Strategy) -> list[str]:
@@ -66,8 +66,10 @@ def flags_for(strategy: Strategy) -> list[str]:
 
 def strategy_from_inputs(flags: StrategyFlags, settings: DsSettings, arch: Architecture, gpus_per_node: int,
                          global_batch_target: int) -> Strategy:
-    """Flags over the config's settings over DeepSpeed's defaults; gradient accumulation from the
-    flag, else the config (when consistent), else the global batch target."""
+    """Flags over the config's settings over DeepSpeed's defaults. Where the config gives train_batch_size,
+    it holds: micro-batch and accumulation are set from it as DeepSpeed sets them (a flag for one of them
+    leaves the other to follow), and refused where they cannot multiply to it on these GPUs. Otherwise
+    they are as given, the accumulation by default from the global batch target."""
     fields = dict(settings.fields)
     explicit = {k: v for k, v in asdict(flags).items() if v is not None and k not in ("gpus", "checkpointing")}
     fields.update(explicit)
@@ -78,16 +80,31 @@ def strategy_from_inputs(flags: StrategyFlags, settings: DsSettings, arch: Archi
     fields = with_defaults(fields)
     gpus = flags.gpus or gpus_from_batch(settings, settings.fields.get("sp", 1)) or gpus_per_node
     check_whole_nodes(gpus, gpus_per_node)
-    ga_config = fields.pop("grad_accum", None)
-    strategy = Strategy(gpus=gpus, gpus_per_node=min(gpus, gpus_per_node), **fields)
+    grad_accum = fields.pop("grad_accum", None)
+    strategy = _refused_or(Strategy(gpus=gpus, gpus_per_node=min(gpus, gpus_per_node), **fields), arch)
+    tbs = settings.train_batch_size
+    if tbs is not None:
+        micro_batch = fields.get("micro_batch")
+        if flags.micro_batch is not None and flags.grad_accum is None:
+            grad_accum = None  # the config's accumulation follows the micro-batch asked for
+        if flags.grad_accum is not None and flags.micro_batch is None:
+            micro_batch = None
+        try:
+            micro_batch, grad_accum = batch_sizes(tbs, micro_batch, grad_accum, strategy.dp)
+        except DsConfigError as exc:
+            flags_given = [f for f, v in (("--gpus", flags.gpus), ("--sp", flags.sp), ("--micro-batch", flags.micro_batch),
+                                          ("--grad-accum", flags.grad_accum)) if v is not None]
+            fix = f"change {', '.join(flags_given)} or the config" if flags_given else "change the config"
+            raise InputError(f"--ds-config: {exc}: {fix}") from None
+        return _refused_or(replace(strategy, micro_batch=micro_batch, grad_accum=grad_accum), arch)
+    if grad_accum is None:
+        grad_accum = step_global_batch(global_batch_target, strategy.dp, strategy.micro_batch)[1]
+    return _refused_or(replace(strategy, grad_accum=grad_accum), arch)
+
+
+def _refused_or(strategy: Strategy, arch: Architecture) -> Strategy:
+    """`strategy`, or the one line that says why DeepSpeed (or the layout) refuses it."""
     reasons = static_reasons(strategy, arch)
     if reasons:
         raise InputError(f"{strategy.label()}: " + "; ".join(reasons))
-    tbs = settings.train_batch_size
-    if flags.grad_accum is not None:
-        grad_accum = flags.grad_accum
-    elif ga_config and (tbs is None or tbs == strategy.micro_batch * ga_config * strategy.dp):
-        grad_accum = ga_config
-    else:
-        grad_accum = step_global_batch(tbs or global_batch_target, strategy.dp, strategy.micro_batch)[1]
-    return Strategy(**{**asdict(strategy), "grad_accum": grad_accum})
+    return strategy

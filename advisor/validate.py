@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from models.input_file import MAX_LINES_BYTES, parse_json, read_text
 from runs.record import Candidate, RunRecord, memory_limit_note, relative_sem
 
 # What is compared: (name, the prediction's key, the measured RunResult field). Like with like, as
@@ -109,12 +110,12 @@ def _check_sweep_line(spec) -> None:
 def candidates_from_sweep(path: str | Path) -> list[Candidate]:
     """Every line of a sweep file as a candidate; a bad line raises naming it."""
     out = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, line in enumerate(read_text(path, SweepFileError, MAX_LINES_BYTES).splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"{path}:{number}"
         try:
-            spec = json.loads(line)
+            spec = parse_json(line, "not a sweep line", SweepFileError)
             _check_sweep_line(spec)
             seq = spec.get("seq", spec.get("seq_len"))
             common = dict(images=spec.get("images", 0), frames=spec.get("frames", 0),
@@ -133,7 +134,7 @@ def candidates_from_sweep(path: str | Path) -> list[Candidate]:
                 raise SweepFileError("needs 'strategy' or 'ds_config'")
         except SweepFileError as exc:
             raise SweepFileError(f"{where}: {exc}") from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise SweepFileError(f"{where}: {type(exc).__name__}: {exc}") from None
         out.append(c)
     return out

@@ -8,16 +8,21 @@ PyTorch itself is not included (it comes from the site's module or container).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 # DeepSpeed's runtime requirements (besides torch), and pydantic's own.
 RUNTIME_PACKAGES = (
     "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
     "hjson", "msgpack", "ninja", "py-cpuinfo", "psutil", "einops", "tqdm", "nvidia-ml-py", "packaging",
 )
+OLDEST_PYTHON_MINOR = 10  # pyproject's requires-python: >=3.10
 # pip matches manylinux_2_N tags exactly (it expands only manylinux2014/2010), so list several.
 MANYLINUX_GLIBC = (17, 24, 27, 28, 31, 34)
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # the checkout's root, where this runs from one
@@ -39,6 +44,32 @@ def project_source(project_dir: Path = PROJECT_DIR) -> Path:
 def default_platforms(arch: str = "x86_64") -> list[str]:
     """manylinux2014 and manylinux_2_N tags for an architecture (x86_64 or aarch64 for GH200)."""
     return [f"manylinux2014_{arch}"] + [f"manylinux_2_{n}_{arch}" for n in MANYLINUX_GLIBC]
+
+
+class WheelhouseError(ValueError):
+    """A wheelhouse target that pip would take, or fail on, in ways that build nothing usable."""
+
+
+def check_target(python_version: str, deepspeed_version: str, platforms: list[str], extra: tuple[str, ...]) -> None:
+    """The node's Python (3.10 or newer, as MAJOR.MINOR), a DeepSpeed version pip can name, pip platform
+    tags and requirement specifiers: checked before pip runs, which took `abc`, `2.7`, `sparc` and
+    "not a version" and printed commands that could only fail."""
+    match = re.fullmatch(r"3\.(\d{1,2})", python_version)
+    if not match or int(match.group(1)) < OLDEST_PYTHON_MINOR:
+        raise WheelhouseError(f"bad --python-version '{python_version}': give the node's Python as MAJOR.MINOR, "
+                              f"3.{OLDEST_PYTHON_MINOR} or newer (the advisor's own minimum), e.g. 3.12")
+    try:
+        Version(deepspeed_version)
+    except InvalidVersion:
+        raise WheelhouseError(f"bad --deepspeed-version '{deepspeed_version}': not a version, e.g. 0.19.8") from None
+    for tag in platforms:
+        if not re.fullmatch(r"[a-z0-9]+(_[a-z0-9.]+)+", tag):
+            raise WheelhouseError(f"bad --platform '{tag}': a pip platform tag, e.g. manylinux2014_aarch64")
+    for spec in extra:
+        try:
+            Requirement(spec)
+        except InvalidRequirement:
+            raise WheelhouseError(f"bad --extra '{spec}': not a package requirement, e.g. flash-attn==2.7.4") from None
 
 
 def project_dependencies(project_dir: Path = PROJECT_DIR) -> list[str]:

@@ -14,10 +14,12 @@ layout (`text_config` + `vision_config`) and Qwen2-VL's (top-level text fields +
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from models.input_file import read_json, shown
+from models.limits import MAX_HEADS, MAX_LAYERS, MAX_PARAMS, MAX_PER_SAMPLE, MAX_VOCAB, MAX_WIDTH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS = resources.files(__package__) / "presets"
@@ -152,9 +154,18 @@ class Architecture:
         return self.num_layers * self.layer_params + self.embedding_params + self.hidden_size
 
 
+# The largest value of each key (models.limits): beyond them no model exists, and the counts overflow.
+_MOST = {"num_hidden_layers": MAX_LAYERS, "depth": MAX_LAYERS, "num_attention_heads": MAX_HEADS,
+         "num_key_value_heads": MAX_HEADS, "num_heads": MAX_HEADS, "vocab_size": MAX_VOCAB,
+         "patch_size": MAX_PER_SAMPLE, "image_size": MAX_PER_SAMPLE, "spatial_merge_size": 64,
+         "temporal_patch_size": 64}
+
+
 def _positive_int(value, key: str, origin: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ModelConfigError(f"{origin}: key '{key}' must be a positive integer, got {value!r}")
+    most = _MOST.get(key, MAX_WIDTH)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= most:
+        raise ModelConfigError(f"{origin}: key '{key}' must be a positive integer of at most {most:,}, "
+                               f"got {shown(value)}")
     return value
 
 
@@ -177,7 +188,7 @@ def _first(cfg: dict, keys: tuple[str, ...], origin: str, default: int | None = 
 
 def _flag(value, key: str, origin: str) -> bool:
     if not isinstance(value, bool):
-        raise ModelConfigError(f"{origin}: key '{key}' must be true or false, got {value!r}")
+        raise ModelConfigError(f"{origin}: key '{key}' must be true or false, got {shown(value)}")
     return value
 
 
@@ -192,8 +203,9 @@ def _mlp_width(cfg: dict, hidden: int, where: str) -> int:
     if "intermediate_size" in cfg or "mlp_ratio" not in cfg:
         return _first(cfg, ("intermediate_size",), where, 4 * hidden)
     ratio = cfg["mlp_ratio"]
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < float("inf"):
-        raise ModelConfigError(f"{where}: key 'mlp_ratio' must be a positive number, got {ratio!r}")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= MAX_WIDTH / hidden:
+        raise ModelConfigError(f"{where}: key 'mlp_ratio' must be a positive number of at most "
+                               f"{MAX_WIDTH / hidden:g} (an MLP {MAX_WIDTH:,} wide), got {shown(ratio)}")
     return max(1, round(ratio * hidden))
 
 
@@ -203,7 +215,7 @@ def _vision_from_config(cfg, text_hidden: int, origin: str, model_type) -> Visio
     hidden width is the merged patch width where patches merge (Qwen's mergers), else the LLM's."""
     where = f"{origin} vision_config"
     if not isinstance(cfg, dict):
-        raise ModelConfigError(f"{where}: expected a JSON object, got {cfg!r}")
+        raise ModelConfigError(f"{where}: expected a JSON object, got {shown(cfg)}")
     hidden = _first(cfg, ("embed_dim", "hidden_size"), where)
     merge = _first(cfg, ("spatial_merge_size",), where, 1)
     own_type = _model_type(cfg)
@@ -234,15 +246,15 @@ def _refuse_what_is_not_modelled(text: dict, model_types: set[str], where: str) 
                                "only LLaMA-style decoders are modelled")
     experts = next((text[k] for k in MOE_EXPERT_KEYS if isinstance(text.get(k), int) and text[k] > 1), None)
     if experts is not None:
-        raise ModelConfigError(f"{where}: a mixture-of-experts model ({experts} experts) is not modelled; "
+        raise ModelConfigError(f"{where}: a mixture-of-experts model ({shown(experts)} experts) is not modelled; "
                                "only dense decoders are")
     layer_types = text.get("layer_types")
     if layer_types is not None:
         if not isinstance(layer_types, list):
-            raise ModelConfigError(f"{where}: key 'layer_types' must be a list, got {layer_types!r}")
+            raise ModelConfigError(f"{where}: key 'layer_types' must be a list, got {shown(layer_types)}")
         other_layers = [t for t in layer_types if not (isinstance(t, str) and t in ATTENTION_LAYER_TYPES)]
         if other_layers:
-            raise ModelConfigError(f"{where}: layers of type {other_layers[0]!r} are not modelled; "
+            raise ModelConfigError(f"{where}: layers of type {shown(other_layers[0])} are not modelled; "
                                    "only softmax attention layers are")
 
 
@@ -253,7 +265,7 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     text = cfg.get("text_config", cfg)
     where = f"{origin} text_config" if "text_config" in cfg else origin
     if not isinstance(text, dict):
-        raise ModelConfigError(f"{where}: expected a JSON object, got {text!r}")
+        raise ModelConfigError(f"{where}: expected a JSON object, got {shown(text)}")
     outer_type = _model_type(cfg)
     types = {t for t in (_model_type(text), outer_type) if t is not None}
     _refuse_what_is_not_modelled(text, types, where)
@@ -263,7 +275,8 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
     if kv_heads is None:  # absent or null (Phi-3 and others write null): one KV head per head
         kv_heads = heads
     if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0 or heads % kv_heads:
-        raise ModelConfigError(f"{where}: 'num_key_value_heads' must divide num_attention_heads ({heads}), got {kv_heads!r}")
+        raise ModelConfigError(f"{where}: key 'num_key_value_heads' must divide num_attention_heads ({heads}), "
+                               f"got {shown(kv_heads)}")
     qk_key = "use_qk_norm" if "use_qk_norm" in text else "qk_norm"
     head_dim = text.get("head_dim")
     if head_dim is None:
@@ -277,9 +290,9 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         vision = _vision_from_config(cfg["vision_config"], hidden, origin, outer_type)
         stated = cfg.get("mm_tokens_per_image")  # Gemma 3 pools its patches to this many
         if stated is not None and stated != vision.llm_tokens_per_image():
-            raise ModelConfigError(f"{origin}: mm_tokens_per_image is {stated!r}, where patches merged as this model "
+            raise ModelConfigError(f"{origin}: mm_tokens_per_image is {shown(stated)}, where patches merged as this model "
                                    f"merges them give {vision.llm_tokens_per_image()}: a pooling tower is not modelled")
-    return Architecture(
+    arch = Architecture(
         name=name,
         hidden_size=hidden,
         num_layers=_require(text, "num_hidden_layers", where),
@@ -294,6 +307,12 @@ def architecture_from_config(cfg: dict, name: str, origin: str = "<config>") -> 
         qk_norm=_flag(text.get(qk_key, bool(types & QK_NORM_MODEL_TYPES)), qk_key, where),
         sandwich_norms=bool(types & SANDWICH_NORM_MODEL_TYPES),
     )
+    v = vision
+    tower = v.num_layers * v.hidden_size * (4 * v.hidden_size + 3 * v.intermediate_size) if v else 0  # about
+    if arch.llm_params + tower > MAX_PARAMS:
+        raise ModelConfigError(f"{origin}: {arch.llm_params + tower:.3g} parameters; the advisor models at most "
+                               f"{MAX_PARAMS:.0e}")
+    return arch
 
 
 def known_presets() -> list[str]:
@@ -325,10 +344,4 @@ def load_architecture(preset_or_path: str) -> Architecture:
             raise ModelConfigError(
                 f"unknown model '{preset_or_path}'; known presets: {', '.join(known_presets())} (aliases {aliases})"
             )
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path}: not valid JSON ({exc})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"cannot read model config {path}: {exc}") from None
-    return architecture_from_config(cfg, name=name, origin=str(path))
+    return architecture_from_config(read_json(path, ModelConfigError), name=name, origin=str(path))

@@ -30,8 +30,12 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from models.input_file import parse_json, read_text
 
 BAND_METRICS = ("step_time_s", "gpu_energy_j")
 POOL_METRIC = "reserved_gpu_mem_gib"  # torch's pool: one band for every step, where runs measured it
@@ -144,17 +148,64 @@ class Band:
     @classmethod
     def from_json(cls, text: str, origin: str) -> "Band":
         """Version 3; version 2 (no pool band); version 1 (nor regimes: every prediction takes the band
-        of all runs)."""
+        of all runs). Every key's type and range is checked (`_BandFile`): a band edited by hand widens or
+        narrows every prediction's, so a bad one is refused, naming its key."""
+        data = parse_json(text, origin, BandError)
         try:
-            data = json.loads(text)
-            assert data.pop("kind") == "energy-advisor prediction band" and data.pop("version") in (1, 2, 3)
-            metrics = {m: MetricBand(**data.pop(m)) for m in BAND_METRICS}
-            regimes = {name: MetricBands(**{m: MetricBand(**bands[m]) for m in BAND_METRICS})
-                       for name, bands in data.pop("regimes", {}).items()}
-            pool = data.pop(POOL_METRIC, None)
-            return cls(**data, **metrics, regimes=regimes, reserved_gpu_mem_gib=MetricBand(**pool) if pool else None)
-        except (json.JSONDecodeError, AssertionError, KeyError, TypeError) as exc:
-            raise BandError(f"{origin}: not a prediction band ({type(exc).__name__}: {exc})") from None
+            file = _BandFile.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+            raise BandError(f"{origin}: not a prediction band: bad key '{key}': "
+                            f"{first['msg'].removeprefix('Value error, ')}") from None
+        metric = lambda m: MetricBand(**m.model_dump())  # noqa: E731
+        regimes = {name: MetricBands(**{m: metric(getattr(bands, m)) for m in BAND_METRICS})
+                   for name, bands in file.regimes.items()}
+        pool = file.reserved_gpu_mem_gib
+        return cls(file.level, file.profile_sha256, metric(file.step_time_s), metric(file.gpu_energy_j),
+                   file.source, regimes, metric(pool) if pool else None)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _MetricBandFile(_Strict):
+    """A metric's band as written: bounds within a factor of e^10 of the prediction, or open (too few
+    runs for the level); a coverage in [0, 1], NaN for no runs."""
+
+    low_log: float
+    high_log: float
+    runs: int = Field(ge=0)
+    loo_coverage: float
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "_MetricBandFile":
+        low_ok = self.low_log == -math.inf or abs(self.low_log) <= 10
+        high_ok = self.high_log == math.inf or abs(self.high_log) <= 10
+        if not (low_ok and high_ok and self.low_log <= self.high_log):
+            raise ValueError(f"low_log and high_log must rise, each within +-10 (or open), got {self.low_log} and "
+                             f"{self.high_log}")
+        if not (math.isnan(self.loo_coverage) or 0 <= self.loo_coverage <= 1):
+            raise ValueError(f"loo_coverage must lie in [0, 1], got {self.loo_coverage}")
+        return self
+
+
+class _MetricBandsFile(_Strict):
+    step_time_s: _MetricBandFile
+    gpu_energy_j: _MetricBandFile
+
+
+class _BandFile(_Strict):
+    kind: Literal["energy-advisor prediction band"]
+    version: Literal[1, 2, 3]
+    level: float = Field(gt=0, lt=1)
+    profile_sha256: str = Field(pattern="^[0-9a-f]{64}$")
+    step_time_s: _MetricBandFile
+    gpu_energy_j: _MetricBandFile
+    source: str
+    regimes: dict[Literal["gpu_bound", "host_bound"], _MetricBandsFile] = {}
+    reserved_gpu_mem_gib: _MetricBandFile | None = None
 
 
 def _metric_band(log_ratios: list[float], level: float) -> MetricBand:
@@ -177,7 +228,7 @@ def load_band(profile_path: str | Path, profile_json: str) -> tuple[Band | None,
     path = band_path(profile_path)
     if not path.exists():
         return None, f"no band beside the profile ({path.name}): run advisor fit to make one"
-    band = Band.from_json(path.read_text(), str(path))
+    band = Band.from_json(read_text(path, BandError), str(path))
     if band.profile_sha256 != profile_digest(profile_json):
         return None, f"{path.name} was fitted with another version of the profile: not used"
     return band, ""

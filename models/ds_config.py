@@ -13,11 +13,14 @@ ceil(layers / k); a section without that key means every layer; no section means
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from models.architecture import Architecture
 from models.flops import checkpointed_layers
+from models.input_file import parse_json, read_text, shown
+from models.limits import MAX_BUCKET_ELEMENTS, MAX_COUNT, MAX_SEQUENCES
 from models.strategy import Strategy
 
 
@@ -123,15 +126,26 @@ def _get(section: dict, key: str, kind, where: str, default=None):
     value = section[key]
     if kind is bool:
         ok = isinstance(value, bool)
-    elif kind is int:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and float(value).is_integer()
+    elif kind is int:  # 4.0 is 4, as DeepSpeed reads it; an int of any size stays exact
+        ok = not isinstance(value, bool) and (
+            isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer()))
         value = int(value) if ok else value
     elif kind is float:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float))
+        ok = not isinstance(value, bool) and (
+            isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)))
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise DsConfigError(f"{where}: bad key '{key}': expected {kind.__name__}, got {value!r}")
+        expected = {int: "a whole number", float: "a finite number", bool: "true or false"}.get(kind, kind.__name__)
+        raise DsConfigError(f"{where}: bad key '{key}': expected {expected}, got {shown(value)}")
+    return value
+
+
+def _count(section: dict, key: str, where: str, most: int, name: str | None = None):
+    """A whole number in 1..most, or None where the section does not set it."""
+    value = _get(section, key, int, where)
+    if value is not None and not 1 <= value <= most:
+        raise DsConfigError(f"{where}: bad key '{name or key}': must be 1..{most:,}, got {shown(value)}")
     return value
 
 
@@ -166,7 +180,11 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
     opt = _section(zero, "offload_optimizer", f"{origin} zero_optimization")
     out["offload_optimizer"] = _device(opt, "zero_optimization.offload_optimizer", origin)
     if out["offload_optimizer"] == "cpu":
-        out["offload_ratio"] = float(_get(opt, "ratio", float, f"{origin} offload_optimizer", 1.0))
+        ratio = _get(opt, "ratio", float, f"{origin} offload_optimizer", 1.0)
+        if not 0 < ratio <= 1:
+            raise DsConfigError(f"{origin}: bad key 'zero_optimization.offload_optimizer.ratio': must be in (0, 1], "
+                                f"got {shown(ratio)}")
+        out["offload_ratio"] = float(ratio)
         out["super_offload"] = _get(opt, "super_offload", bool, f"{origin} offload_optimizer", False)
     param = _section(zero, "offload_param", f"{origin} zero_optimization")
     out["offload_param"] = _device(param, "zero_optimization.offload_param", origin)
@@ -175,7 +193,7 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
         out["overlap_comm"] = overlap
     for key, name in (("reduce_bucket_size", "reduce_bucket_size"), ("allgather_bucket_size", "allgather_bucket_size"),
                       ("stage3_prefetch_bucket_size", "prefetch_bucket_size")):
-        value = _get(zero, key, int, f"{origin} zero_optimization")
+        value = _count(zero, key, origin, MAX_BUCKET_ELEMENTS, f"zero_optimization.{key}")
         if value is not None:
             out[name] = value
     ckpt = config.get("activation_checkpointing")
@@ -185,24 +203,29 @@ def parse_ds_config(config: dict, arch: Architecture, origin: str = "<ds_config>
         ckpt = _section(config, "activation_checkpointing", origin)
         n = _get(ckpt, "number_checkpoints", int, f"{origin} activation_checkpointing")
         if n is not None and not 1 <= n <= arch.num_layers:
-            raise DsConfigError(
-                f"{origin}: bad key 'activation_checkpointing.number_checkpoints': must be 1..{arch.num_layers}, got {n}"
-            )
+            raise DsConfigError(f"{origin}: bad key 'activation_checkpointing.number_checkpoints': must be "
+                                f"1..{arch.num_layers}, got {shown(n)}")
         every = 1 if n is None else min(k for k in range(1, arch.num_layers + 1)
                                         if checkpointed_layers(arch.num_layers, k) <= n)
         out["checkpoint_every"] = every
         out["cpu_checkpointing"] = _get(ckpt, "cpu_checkpointing", bool, f"{origin} activation_checkpointing", False)
     for key, name in (("train_micro_batch_size_per_gpu", "micro_batch"), ("gradient_accumulation_steps", "grad_accum"),
                       ("sequence_parallel_size", "sp")):
-        value = _get(config, key, int, origin)
+        value = _count(config, key, origin, MAX_COUNT)
         if value is not None:
-            if value < 1:
-                raise DsConfigError(f"{origin}: bad key '{key}': must be positive, got {value}")
             out[name] = value
-    tbs = _get(config, "train_batch_size", int, origin)
-    if tbs is not None and tbs < 1:
-        raise DsConfigError(f"{origin}: bad key 'train_batch_size': must be positive, got {tbs}")
+    tbs = _count(config, "train_batch_size", origin, MAX_SEQUENCES)
+    _refuse_two_precisions(config, origin)
     return DsSettings(fields=out, train_batch_size=tbs, warnings=unknown_keys(config, origin))
+
+
+def _refuse_two_precisions(config: dict, origin: str) -> None:
+    """DeepSpeed refuses fp16 and bf16 enabled together; the model would have counted one of them."""
+    enabled = [key for key in ("fp16", "bf16")
+               if _get(_section(config, key, origin), "enabled", bool, f"{origin} {key}", False)]
+    if len(enabled) == 2:
+        raise DsConfigError(f"{origin}: bad keys 'fp16.enabled' and 'bf16.enabled': both true; DeepSpeed trains in "
+                            "one of them, enable only one")
 
 
 def unknown_keys(config: dict, origin: str) -> tuple[str, ...]:
@@ -220,19 +243,7 @@ def read_ds_config(path: str | Path) -> dict:
     """A ds_config.json's object (JSON or HJSON, as DeepSpeed itself accepts); DsConfigError, naming
     the file, where it cannot be read or holds no object."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DsConfigError(f"cannot read DeepSpeed config {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError:
-        import hjson
-
-        try:
-            config = hjson.loads(text)
-        except hjson.HjsonDecodeError as exc:
-            raise DsConfigError(f"{path}: not valid JSON ({exc})") from None
+    config = parse_json(read_text(path, DsConfigError), str(path), DsConfigError, hjson_too=True)
     if not isinstance(config, dict):
         raise DsConfigError(f"{path}: a DeepSpeed config is a JSON object, this holds a {type(config).__name__}")
     return dict(config)
@@ -256,6 +267,26 @@ def gpus_from_batch(settings: DsSettings, sp: int) -> int | None:
     return tbs // (mb * ga) * sp
 
 
+def batch_sizes(train_batch_size: int, micro_batch: int | None, grad_accum: int | None, dp: int) -> tuple[int, int]:
+    """(micro-batch, gradient accumulation) as DeepSpeed sets them from a train_batch_size and what else is
+    given (runtime/config.py, _set_batch_related_parameters): train_batch_size = micro-batch x accumulation
+    x data-parallel ranks must hold exactly, and DeepSpeed refuses the run where it does not. The advisor
+    once rounded instead: 8 sequences became 9 on 3 GPUs, or 16 with --grad-accum 2."""
+    given = [(name, value) for name, value in (("micro-batch", micro_batch), ("gradient accumulation", grad_accum))
+             if value is not None]
+    per_step = dp
+    for _, value in given:
+        per_step *= value
+    if train_batch_size % per_step or (len(given) == 2 and train_batch_size != per_step):
+        factors = " x ".join([f"{name} {value}" for name, value in given] + [f"{dp} data-parallel GPUs"])
+        verb = "is not" if len(given) == 2 else "does not divide by"
+        raise DsConfigError(f"train_batch_size {train_batch_size} {verb} {factors}; DeepSpeed refuses such a config")
+    rest = train_batch_size // per_step
+    if micro_batch is None:
+        return rest, grad_accum or 1
+    return micro_batch, grad_accum or rest
+
+
 def with_defaults(fields: dict) -> dict:
     """DeepSpeed's defaults for what a config leaves out: overlap_comm is on only for ZeRO-3."""
     return {"overlap_comm": fields.get("zero_stage", 0) == 3, **fields}
@@ -263,5 +294,11 @@ def with_defaults(fields: dict) -> dict:
 
 def strategy_from_ds_config(settings: DsSettings, gpus: int, gpus_per_node: int, base: Strategy | None = None) -> Strategy:
     """The strategy a config describes on `gpus` GPUs; fields it omits come from `base`,
-    then from DeepSpeed's defaults."""
-    return replace(base or Strategy(), gpus=gpus, gpus_per_node=gpus_per_node, **with_defaults(settings.fields))
+    then from DeepSpeed's defaults; micro-batch and accumulation as DeepSpeed sets them from a
+    train_batch_size (`batch_sizes`)."""
+    fields = with_defaults(settings.fields)
+    if settings.train_batch_size is not None:
+        dp = gpus // fields.get("sp", 1)
+        fields["micro_batch"], fields["grad_accum"] = batch_sizes(
+            settings.train_batch_size, fields.get("micro_batch"), fields.get("grad_accum"), max(dp, 1))
+    return replace(base or Strategy(), gpus=gpus, gpus_per_node=gpus_per_node, **fields)

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-from joblib import Parallel, delayed
+from joblib import delayed
 
 from models.fit import ProfileFit, RunEvaluator, prefit_profile
 from models.measured_run import MeasuredRun
 from models.profile_values import with_values
 from models.predict import predict
 from models.profile import HardwareProfile
+from models.workers import parallel
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
     Which constants a fold's runs inform comes from one probe of all runs at the full fit's
     values, less the held-out run: a family measured once is predicted, when held out, with
     the constants it alone informed at their starting values. The refits are independent: `jobs`
-    processes share them (joblib; -1: one a core). `on_fold(n)` is told each time the n-th is done."""
+    processes share them (models.workers; -1: one a core). `on_fold(n)` is told each time the n-th is done."""
     base_profile, settings, warm = _warm_start(runs, base_profile, estimator, full_fit)
     settings.update(max_nfev=max_nfev, tol=tol)
     fold_model = ProfileFit(**settings)
@@ -50,7 +51,7 @@ def leave_one_out(runs: list[MeasuredRun], base_profile: HardwareProfile, estima
                 for i in range(len(runs))]
     folds = (delayed(_held_out_fold)(runs, i, base_profile, settings, warm, informed[i]) for i in range(len(runs)))
     held = []
-    for done in Parallel(n_jobs=jobs, return_as="generator")(folds):
+    for done in parallel(jobs, len(runs), return_as="generator")(folds):
         held.append(done)
         if on_fold:
             on_fold(len(held))
@@ -117,7 +118,7 @@ def k_fold(runs: list[MeasuredRun], base_profile: HardwareProfile, folds: int, e
     held_out = _folds(len(runs), min(folds, len(runs)), seed=0)
     by_run: dict[int, HeldOutPrediction] = {}
     tasks = (delayed(_held_out_runs)(runs, held, base_profile, settings, warm) for held in held_out)
-    for done in Parallel(n_jobs=jobs, return_as="generator")(tasks):
+    for done in parallel(jobs, len(held_out), return_as="generator")(tasks):
         by_run.update(done)
         if on_fold:
             on_fold(len(by_run))
@@ -152,7 +153,7 @@ def choose_prior_strength(runs: list[MeasuredRun], base_profile: HardwareProfile
     How far the runs may pull constants from their measured starting values is the one choice the fit
     cannot make from its own residuals; runs as if held out make it."""
     settings = (estimator or ProfileFit()).get_params()
-    fits = Parallel(n_jobs=min(jobs, len(grid)))(
+    fits = parallel(jobs, len(grid))(
         delayed(ProfileFit(**{**settings, "prior_strength": strength}).fit)(runs, base_profile) for strength in grid)
     scores = {}
     for strength, model in zip(grid, fits):

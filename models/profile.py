@@ -16,6 +16,9 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from models.input_file import read_json, shown
+from models.limits import MAX_GPUS, MAX_GPUS_PER_NODE
+
 SCHEMA_VERSION = 1
 # The shipped profiles and their bands, package data. A folder on disk (setuptools installs a wheel
 # unpacked), so a profile's band and a refit of it are paths beside it.
@@ -28,7 +31,9 @@ class ProfileError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Exact keys and exact types: a number given as a string ("139.8") or as `true` is refused, not read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Quantity(_Strict):
@@ -76,6 +81,8 @@ class Curve(_Strict):
     def _check_points(self) -> "Curve":
         if len(self.x) != len(self.y) or len(self.x) == 0:
             raise ValueError("x and y must be non-empty and of equal length")
+        if not np.all(np.isfinite(self.x + self.y)):
+            raise ValueError("x and y must be finite numbers")
         if any(b <= a for a, b in zip(self.x, self.x[1:])):
             raise ValueError("x must be strictly increasing")
         if min(self.x) <= 0 or min(self.y) <= 0:
@@ -298,8 +305,8 @@ class Collective(_Strict):
     @classmethod
     def _sizes_increase(cls, points: list[CollectiveAtSize]) -> list[CollectiveAtSize]:
         sizes = [p.group_size.value for p in points]
-        if not all(0 < n < float("inf") for n in sizes):
-            return points  # the profile's check of every constant names the entry that is not a positive number
+        if not all(0 < n <= MAX_GPUS for n in sizes):
+            return points  # the profile's check of every constant names the entry out of its range
         if any(b <= a for a, b in zip(sizes, sizes[1:])) or any(n < 2 for n in sizes):
             raise ValueError(f"group sizes must be >= 2 and strictly increasing, got {sizes}")
         return points
@@ -521,22 +528,27 @@ class HardwareProfile(_Strict):
     def _check_version(cls, data):
         if isinstance(data, dict) and data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(
-                f"unknown schema_version {data.get('schema_version')!r}; this advisor reads {SCHEMA_VERSION}"
+                f"unknown schema_version {shown(data.get('schema_version'))}; this advisor reads {SCHEMA_VERSION}"
             )
         return data
 
     @model_validator(mode="after")
     def _physically_possible(self) -> "HardwareProfile":
         """Rates, bandwidths, capacities, powers and counts are positive; times, slowdowns and
-        efficiencies are not negative (a zero time is a cost that is absent); shares lie in [0, 1];
-        each GPU phase draws between idle and the cap, the CPU optimizer at least the CPU's idle."""
-        for name, q in _quantities(self.model_dump(exclude={"fit"})):
+        efficiencies are not negative (a zero time is a cost that is absent); every constant and curve
+        lies within its unit's physical range and counts are whole; shares lie in [0, 1]; each GPU phase
+        draws between idle and the cap, the CPU optimizer at least the CPU's idle."""
+        dump = self.model_dump(exclude={"fit"})
+        for name, q in _leaves(dump, {"value", "unit", "source"}):
             if not np.isfinite(q["value"]):
                 raise ValueError(f"{name}: must be a finite number, got {q['value']}")
             zero_is_absent = q["unit"] in ("s", "fraction") or name in _MAY_BE_ZERO
             if q["value"] < 0 or (q["value"] == 0 and not zero_is_absent):
                 what = "zero or more" if zero_is_absent else "positive"
                 raise ValueError(f"{name}: must be {what} ({q['unit']}), got {q['value']}")
+            _check_range(name, [q["value"]], q["unit"])
+        for name, curve in _leaves(dump, {"x", "y", "x_unit", "y_unit"}):
+            _check_range(f"{name}.y", curve["y"], curve["y_unit"])
         for name in _SHARES:
             value = _value_at(self, name)
             if value is not None and value > 1:
@@ -607,9 +619,43 @@ _SHARES = ("memory.fragmentation", "memory.fragmentation_checkpointed", "memory.
            "memory.fragmentation_offload_checkpointed")
 
 
-def _quantities(node: dict, prefix: str = ""):
-    """(dotted name, Quantity dump) of every constant in a profile's dump, lists included."""
-    if {"value", "unit", "source"} <= node.keys():
+# The physical range of a constant (and of a curve's y) by its unit. Past them a number is a typo or
+# a broken measurement, not a machine: a GPU of 1e30 GiB had recommend pick a micro-batch of 1,128 GiB.
+# Today's parts: 0.1-8 TB/s HBM, up to 2.5e15 dense flop/s, a 1,000-1,200 W GPU, 0.1-2 TB of GPU memory.
+_UNIT_RANGE = {
+    "bytes/s": (1e6, 1e14),  # at most 100 TB/s
+    "flop/s": (1e6, 1e17),
+    "params/s": (1e3, 1e13),
+    "W": (0.0, 1e4),
+    "s": (0.0, 3600.0),
+    "GiB": (0.0, 65536.0),
+    "count": (1.0, float(MAX_GPUS)),
+    "fraction": (0.0, 100.0),  # slowdowns and efficiencies may exceed 1 (a collective ran 90% slower)
+    "ratio": (0.0, 1e3),
+    "bytes": (0.0, 1e6),  # bytes a parameter or an element moves
+}
+# Constants with a range of their own.
+_KEY_RANGE = {
+    "gpus_per_node": (1.0, float(MAX_GPUS_PER_NODE)),
+    "gpu.memory_gib": (1.0, 4096.0),
+    "host.memory_gib": (1.0, 65536.0),
+    "host.cores": (1.0, 65536.0),
+}
+
+
+def _check_range(name: str, values: list[float], unit: str) -> None:
+    low, high = _KEY_RANGE.get(name, _UNIT_RANGE.get(unit, (-np.inf, np.inf)))
+    for value in values:
+        if not low <= value <= high:
+            raise ValueError(f"{name}: must lie in [{low:g}, {high:g}] {unit}, got {value:g}")
+        if unit == "count" and not float(value).is_integer():
+            raise ValueError(f"{name}: a count, must be a whole number, got {value:g}")
+
+
+def _leaves(node: dict, keys: set[str], prefix: str = ""):
+    """(dotted name, dump) of every node of a profile's dump that holds `keys` (a constant's, a
+    curve's), lists included."""
+    if keys <= node.keys():
         yield prefix[:-1], node
         return
     for key, child in node.items():
@@ -617,7 +663,7 @@ def _quantities(node: dict, prefix: str = ""):
         for i, item in enumerate(children):
             if isinstance(item, dict):
                 where = f"{prefix}{key}.{i}." if isinstance(child, list) else f"{prefix}{key}."
-                yield from _quantities(item, where)
+                yield from _leaves(item, keys, where)
 
 
 def _value_at(profile: "HardwareProfile", name: str) -> float | None:
@@ -636,7 +682,7 @@ def parse_profile(data: dict, origin: str = "<dict>") -> HardwareProfile:
         if not first["loc"] and ": " in first["msg"]:  # a whole-profile check names its key itself
             key, _, message = first["msg"].removeprefix("Value error, ").partition(": ")
             raise ProfileError(f"{origin}: bad key '{key}': {message}") from None
-        raise ProfileError(f"{origin}: bad key '{key}': {first['msg']}") from None
+        raise ProfileError(f"{origin}: bad key '{key}': {first['msg'].removeprefix('Value error, ')}") from None
 
 
 def shipped_profiles() -> list[str]:
@@ -659,8 +705,4 @@ def profile_path(name_or_path: str | Path = DEFAULT_PROFILE) -> Path:
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> HardwareProfile:
     """Load a shipped profile by name (`gh200`, `h200`) or any profile JSON by path."""
     path = profile_path(name_or_path)
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: not valid JSON ({exc})") from None
-    return parse_profile(data, origin=str(path))
+    return parse_profile(read_json(path, ProfileError), origin=str(path))

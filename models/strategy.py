@@ -6,12 +6,16 @@ silently dropped: `static_reasons` says why each one is infeasible.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from models.architecture import Architecture
+from models.input_file import shown
+from models.limits import (MAX_BUCKET_ELEMENTS, MAX_COUNT, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MAX_PER_SAMPLE,
+                           MAX_SEQUENCES)
 
 OFFLOAD_NONE, OFFLOAD_CPU = 0, 1
 OFFLOAD_NAMES = {"none": OFFLOAD_NONE, "cpu": OFFLOAD_CPU}
@@ -93,36 +97,84 @@ class Strategy:
         return " ".join(parts)
 
 
+# The largest value of each count (models.limits): past them numpy's int64 columns overflow. Their
+# smallest values are rules of their own (static_reasons).
+_MOST = {"gpus": MAX_GPUS, "gpus_per_node": MAX_GPUS_PER_NODE, "sp": MAX_COUNT, "micro_batch": MAX_COUNT,
+         "grad_accum": MAX_COUNT, "checkpoint_every": MAX_LAYERS, "reduce_bucket_size": MAX_BUCKET_ELEMENTS,
+         "allgather_bucket_size": MAX_BUCKET_ELEMENTS, "prefetch_bucket_size": MAX_BUCKET_ELEMENTS,
+         "cpu_threads_per_rank": MAX_PER_SAMPLE}
+
+
 def _type_reasons(s: Strategy) -> list[str]:
-    """Fields whose values are not of their declared type (a sweep file's JSON can hold anything):
-    a bool is not a count, a string not a stage, NaN not a ratio. numpy's scalars count as theirs."""
+    """Fields whose values are not of their declared type or past their largest value (a sweep file's or
+    a run record's JSON can hold anything): a bool is not a count, a string not a stage, NaN not a
+    ratio. numpy's scalars count as theirs."""
     wrong = []
     for f in fields(Strategy):
         value, kind = getattr(s, f.name), f.type
         flag = isinstance(value, (bool, np.bool_))
-        ok = {"int": isinstance(value, numbers.Integral) and not flag,
-              "float": isinstance(value, numbers.Real) and not flag and bool(np.isfinite(value)),
-              "bool": flag, "str": isinstance(value, str)}[kind]
+        if kind == "int":
+            ok = isinstance(value, numbers.Integral) and not flag
+        elif kind == "float":  # an int of any size is finite; math.isfinite would overflow on it
+            ok = (isinstance(value, numbers.Real) and not flag
+                  and (isinstance(value, numbers.Integral) or math.isfinite(value)))
+        else:
+            ok = flag if kind == "bool" else isinstance(value, str)
         if not ok:
             wrong.append(f"{f.name} must be {'a whole number' if kind == 'int' else 'a number' if kind == 'float' else kind}"
-                         f", got {value!r}")
+                         f", got {shown(value)}")
+        elif f.name in _MOST and value > _MOST[f.name]:
+            wrong.append(f"{f.name} must be at most {_MOST[f.name]:,}, got {shown(value)}")
+    if not wrong and s.sp > 0 and s.global_batch > MAX_SEQUENCES:
+        wrong.append(f"a step of {s.global_batch:.3g} sequences (micro-batch x accumulation x data-parallel GPUs) is "
+                     f"more than {MAX_SEQUENCES:.0e}")
     return wrong
 
 
-def static_reasons(strategy: Strategy, arch: Architecture) -> list[str]:
-    """Why DeepSpeed (or the layout) refuses this strategy, before any cost is computed."""
-    s, reasons = strategy, _type_reasons(strategy)
-    if reasons:
-        return reasons
+def strategy_from_dict(data: dict) -> Strategy:
+    """A stored strategy (a run record's), every field checked against its type and range; ValueError
+    naming the field. The rules that need the model (heads, layers) are static_reasons'."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a strategy is a JSON object, got {shown(data)}")
+    unknown = sorted(set(data) - {f.name for f in fields(Strategy)})
+    if unknown:
+        raise ValueError(f"unknown strategy fields {unknown}")
+    strategy = Strategy(**data)
+    wrong = _type_reasons(strategy) or _value_reasons(strategy)
+    if wrong:
+        raise ValueError("; ".join(wrong))
+    return strategy
+
+
+def _value_reasons(s: Strategy) -> list[str]:
+    """Fields whose values no strategy has, whatever the model and the other fields."""
+    reasons = []
     if s.zero_stage not in (0, 1, 2, 3):
-        reasons.append(f"ZeRO stage must be 0-3, got {s.zero_stage}")
+        reasons.append(f"ZeRO stage must be 0-3, got {shown(s.zero_stage)}")
     if s.offload_optimizer not in OFFLOAD_NAMES or s.offload_param not in OFFLOAD_NAMES:
         reasons.append("offload devices must be 'none' or 'cpu'")
     if s.gpus < 1 or s.gpus_per_node < 1 or s.sp < 1 or s.micro_batch < 1 or s.grad_accum < 1:
         reasons.append("gpus, GPUs per node, sp, micro-batch and gradient accumulation must be positive")
-        return reasons
     if min(s.reduce_bucket_size, s.allgather_bucket_size, s.prefetch_bucket_size) < 1:
         reasons.append("bucket sizes must be positive")
+    if not 0 < s.offload_ratio <= 1:
+        reasons.append(f"offload ratio must be in (0, 1], got {shown(s.offload_ratio)}")
+    if s.cpu_threads_per_rank < 0:
+        reasons.append(f"CPU threads per rank must be positive (0: the launch default), got {shown(s.cpu_threads_per_rank)}")
+    if s.checkpoint_every < 0:
+        reasons.append(f"checkpoint_every must be 0 or more, got {shown(s.checkpoint_every)}")
+    return reasons
+
+
+def static_reasons(strategy: Strategy, arch: Architecture) -> list[str]:
+    """Why DeepSpeed (or the layout) refuses this strategy, before any cost is computed."""
+    s = strategy
+    reasons = _type_reasons(s)
+    if reasons:
+        return reasons
+    reasons = _value_reasons(s)
+    if s.gpus < 1 or s.gpus_per_node < 1 or s.sp < 1:
+        return reasons
     if s.gpus % s.sp:
         reasons.append(f"sequence-parallel degree {s.sp} does not divide {s.gpus} GPUs")
     if arch.num_heads % s.sp or arch.num_kv_heads % s.sp:
@@ -137,17 +189,13 @@ def static_reasons(strategy: Strategy, arch: Architecture) -> list[str]:
         reasons.append("parameter offload needs ZeRO stage 3")
     if s.offload_param == "cpu" and s.offload_optimizer != "cpu":
         reasons.append("parameter offload needs optimizer offload to the CPU as well")
-    if not 0 < s.offload_ratio <= 1:
-        reasons.append(f"offload ratio must be in (0, 1], got {s.offload_ratio}")
     if s.offload_ratio < 1 and (s.zero_stage != 3 or s.offload_optimizer != "cpu"):
         reasons.append("a partial offload ratio needs ZeRO-3 with optimizer offload to the CPU")
     if s.super_offload and (s.zero_stage != 3 or s.offload_optimizer != "cpu"):
         reasons.append("SuperOffload needs ZeRO-3 with optimizer offload to the CPU")
     if s.cpu_checkpointing and s.checkpoint_every == 0:
         reasons.append("CPU checkpointing needs activation checkpointing")
-    if s.cpu_threads_per_rank < 0:
-        reasons.append(f"CPU threads per rank must be positive (0: the launch default), got {s.cpu_threads_per_rank}")
-    if s.checkpoint_every < 0 or s.checkpoint_every > arch.num_layers:
+    if s.checkpoint_every > arch.num_layers:
         reasons.append(f"checkpoint_every must be 0..{arch.num_layers}, got {s.checkpoint_every}")
     return reasons
 

@@ -169,7 +169,8 @@ class RunResult:
     harness_error: bool = False
 
     def __post_init__(self):
-        assert self.status in STATUSES, f"unknown status {self.status!r}"
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {self.status!r}")
 
     @property
     def memory_traced(self) -> bool:
@@ -302,23 +303,30 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunRecord":
-        """A record as stored, every field's type checked (pydantic): a record edited by hand, or
-        written by something else, fails here naming the field (`RunRecordError`), not later inside
-        the model. Fields a newer harness added are ignored; a candidate from before the loss dtype
-        takes the loss it ran (`LEGACY_LOSS_DTYPE`)."""
+        """A record as stored, every field's type checked strictly (pydantic: no number given as a
+        string, no bool as a count) and every figure's range (`runs.record_bounds`): a record edited by
+        hand, or written by something else, fails here naming the field (`RunRecordError`), not later
+        inside the model. Fields a newer harness added are ignored; a candidate from before the loss
+        dtype takes the loss it ran (`LEGACY_LOSS_DTYPE`)."""
         from pydantic import ValidationError
+
+        from runs.record_bounds import record_problems
 
         if not isinstance(data, dict):
             raise RunRecordError(f"a record is a JSON object, got {type(data).__name__}")
         candidate = data.get("candidate")
         if isinstance(candidate, dict):
             data = {**data, "candidate": {"loss_dtype": LEGACY_LOSS_DTYPE, **candidate}}
-        try:
-            return _record_adapter().validate_python(data)
+        try:  # from JSON text: pydantic's strict mode takes objects for dataclasses only there
+            record = _record_adapter().validate_json(json.dumps(data), strict=True)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "record"
-            raise RunRecordError(f"{where}: {first['msg']}") from None
+            raise RunRecordError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+        problems = record_problems(record)
+        if problems:
+            raise RunRecordError(problems[0])
+        return record
 
     def to_json_line(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True) + "\n"

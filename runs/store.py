@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
 
+from models.input_file import parse_json
 from runs.jsonl import read_records
-from runs.record import RunRecord
+from runs.record import RunRecord, RunRecordError
 
 SCHEMA_VERSION = 2
 
@@ -171,13 +172,21 @@ class RunStore:
 
     def runs(self, status: str | None = None, model: str | None = None) -> list[RunRecord]:
         """Stored runs, oldest first, optionally of one status or model."""
-        query, args = "SELECT record_json FROM runs WHERE 1=1", []
+        query, args = "SELECT id, record_json FROM runs WHERE 1=1", []
         if status is not None:
             query, args = query + " AND status = ?", args + [status]
         if model is not None:
             query, args = query + " AND model = ?", args + [model]
         rows = self._db.execute(query + " ORDER BY date, id", args).fetchall()
-        return [RunRecord.from_dict(json.loads(row[0])) for row in rows]
+        return [self._record(row_id, text) for row_id, text in rows]
+
+    def _record(self, row_id: int, text: str) -> RunRecord:
+        """A stored row's record, checked as a run file's line is: a store can be edited too."""
+        where = f"{self.path}: run {row_id}"
+        try:
+            return RunRecord.from_dict(parse_json(text, where, StoreError))
+        except RunRecordError as exc:
+            raise StoreError(f"{where}: not a run record ({exc})") from None
 
     def done_keys(self, statuses: Iterable[str] = ("ok", "oom", "crash", "timeout")) -> set[str]:
         """Keys of candidates with a run of one of these statuses (a resumed sweep skips them)."""

@@ -2,10 +2,13 @@
 import itertools
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from advisor.space import build_space, checkpoint_fields, offload_fields
+from advisor.strategy_flags import checkpointing_name
 from models.architecture import load_architecture
-from models.strategy import static_reasons
+from models.strategy import Strategy, static_reasons
 
 
 def test_enumerate_lists_exactly_the_valid_points_of_the_flat_space(arch7b):
@@ -66,3 +69,31 @@ def test_checkpoint_choices_parse():
         assert checkpoint_fields(name) == {"checkpoint_every": every, "cpu_checkpointing": cpu}
     with pytest.raises(ValueError):
         checkpoint_fields("sometimes")
+
+
+def _spec(base: str, cpu: bool, upper: bool) -> str:
+    spec = base + ("+cpu" if cpu else "")
+    return spec.upper() if upper else spec
+
+
+SPECS = st.builds(_spec, st.one_of(st.sampled_from(["none", "full"]), st.integers(1, 64).map(lambda k: f"every-{k}")),
+                  st.booleans(), st.booleans())
+
+
+@given(spec=SPECS)
+def test_a_checkpointing_spec_reads_back_to_itself_in_any_case(spec):
+    fields = checkpoint_fields(spec)
+    assert checkpoint_fields(checkpointing_name(Strategy(**fields))) == fields
+    assert fields["cpu_checkpointing"] == spec.lower().endswith("+cpu")
+
+
+@given(spec=SPECS, extra=st.sampled_from([" ", "+cpu", "+gpu", "0", "-", "+", "\t", "x"]), where=st.booleans())
+def test_a_checkpointing_spec_with_anything_more_is_refused(spec, extra, where):
+    """Read in part, `every-4+cpu+cpu`, `full+gpu` and `'full+cpu '` had silently dropped their CPU part."""
+    longer = extra + spec if where else spec + extra
+    if longer.lower().startswith("every-") and extra == "0" and not where:
+        return  # every-10 is another good spec
+    if extra == "+cpu" and not where and not spec.lower().endswith("+cpu"):
+        return  # so is every-4+cpu
+    with pytest.raises(ValueError):
+        checkpoint_fields(longer)

@@ -125,7 +125,7 @@ def test_short_steps_are_repeated_until_the_window_is_long_enough(tmp_path, tiny
 
 @pytest.mark.slow
 def test_host_out_of_memory_is_recorded_as_oom(tmp_path):
-    huge = {**TINY, "vocab_size": 4_000_000_000}  # a 1 TB embedding: the allocation itself fails
+    huge = {**TINY, "vocab_size": 2**24, "hidden_size": 2**15}  # a 2 TB embedding: the allocation itself fails
     path = tmp_path / "huge.json"
     path.write_text(json.dumps(huge))
     result = run_candidate(Candidate(model=str(path), seq_len=64, ds_config=ds_config(0)), tmp_path, QUICK)

@@ -137,3 +137,23 @@ def test_a_version_2_band_loads_without_a_pool_band():
     del data["reserved_gpu_mem_gib"]
     old = Band.from_json(json.dumps(data), "old")
     assert old.reserved_gpu_mem_gib is None and old.step_time_s == band.step_time_s
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda d: d["step_time_s"].update(low_log="-0.1"), "step_time_s.low_log"),
+    (lambda d: d["gpu_energy_j"].update(low_log=0.2, high_log=0.1), "gpu_energy_j"),
+    (lambda d: d["step_time_s"].update(high_log=1e30), "step_time_s"),
+    (lambda d: d["step_time_s"].update(runs=True), "step_time_s.runs"),
+    (lambda d: d.update(level=90), "level"),
+    (lambda d: d.update(version=4), "version"),
+    (lambda d: d.update(profile_sha256="x"), "profile_sha256"),
+])
+def test_a_band_edited_out_of_shape_is_refused_naming_the_key(edit, key):
+    """A band widens or narrows every prediction's: a string, a reversed or an absurd bound is not used."""
+    import json
+
+    band = Band.from_residuals({"step_time_s": [-0.1, 0.1] * 20, "gpu_energy_j": [-0.1, 0.1] * 20}, "{}", "test")
+    data = json.loads(band.to_json())
+    edit(data)
+    with pytest.raises(BandError, match=f"bad key '{key}"):
+        Band.from_json(json.dumps(data), "p.band.json")

@@ -3,10 +3,13 @@ import json
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from models.ds_config import (
     ZERO_KEYS,
     DsConfigError,
+    batch_sizes,
     gpus_from_batch,
     load_ds_config,
     parse_ds_config,
@@ -94,6 +97,46 @@ def test_inconsistent_batch_sizes(arch7b):
                                 "gradient_accumulation_steps": 1}, arch7b)
     with pytest.raises(DsConfigError, match="not a multiple"):
         gpus_from_batch(settings, 1)
+
+
+SIZES = st.one_of(st.none(), st.integers(1, 64))
+
+
+@given(train_batch_size=st.integers(1, 4096), micro_batch=SIZES, grad_accum=SIZES, dp=st.integers(1, 64))
+def test_batch_sizes_hold_the_train_batch_size_exactly_or_refuse(train_batch_size, micro_batch, grad_accum, dp):
+    """As DeepSpeed sets them: what is given is kept, the rest follows, and the three multiply to
+    train_batch_size; where no whole numbers can, the config is refused (never rounded to another batch)."""
+    candidates = [(mb, train_batch_size // (mb * dp))
+                  for mb in ([micro_batch] if micro_batch else range(1, train_batch_size + 1))
+                  if train_batch_size % (mb * dp) == 0 and grad_accum in (None, train_batch_size // (mb * dp))]
+    try:
+        mb, ga = batch_sizes(train_batch_size, micro_batch, grad_accum, dp)
+    except DsConfigError as exc:
+        assert not candidates and f"train_batch_size {train_batch_size}" in str(exc)
+        return
+    assert mb * ga * dp == train_batch_size and (mb, ga) in candidates
+    assert micro_batch in (None, mb) and grad_accum in (None, ga)
+    if micro_batch is None and grad_accum is None:
+        assert ga == 1  # DeepSpeed's choice: all of it in one micro-step
+
+
+def test_a_ds_config_keeps_its_train_batch_size_on_the_gpus_it_runs_on(arch7b):
+    settings = parse_ds_config({"train_batch_size": 8}, arch7b)
+    assert (strategy_from_ds_config(settings, gpus=4, gpus_per_node=4).micro_batch, 2) == (2, 2)
+    with pytest.raises(DsConfigError, match="does not divide by 3 data-parallel GPUs"):
+        strategy_from_ds_config(settings, gpus=3, gpus_per_node=3)
+
+
+@pytest.mark.parametrize("config, key", [
+    ({"train_micro_batch_size_per_gpu": 2**70}, "train_micro_batch_size_per_gpu"),
+    ({"zero_optimization": {"allgather_bucket_size": 1e30}}, "zero_optimization.allgather_bucket_size"),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 10**400}}},
+     "zero_optimization.offload_optimizer.ratio"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "'fp16.enabled' and 'bf16.enabled'"),
+])
+def test_a_value_past_its_range_is_refused_naming_the_key(arch7b, config, key):
+    with pytest.raises(DsConfigError, match=key.replace(".", r"\.")):
+        parse_ds_config(config, arch7b)
 
 
 @pytest.fixture(scope="module")

@@ -171,12 +171,15 @@ def test_overlap_comm_hides_zero3_traffic_behind_long_compute(gh200):
 
 @pytest.mark.parametrize("sp, ck, ga", [(2, 0, 1), (4, 1, 2), (2, 4, 3)])
 def test_ulysses_four_all_to_alls_per_layer_each_way_and_in_recompute(sp, ck, ga):
-    p = _with({"intra_node.all_to_all.bus_bandwidth": 1e30, "inter_node.all_to_all.bus_bandwidth": 1e30})
-    alpha = p.intra_node.all_to_all.alpha.value
+    """Counted by their latency: the time at bandwidth B less its bandwidth term, which halving B doubles."""
+    fast, slow = (_with({f"{net}.all_to_all.bus_bandwidth": bw for net in ("intra_node", "inter_node")})
+                  for bw in (1e14, 5e13))
+    alpha = fast.intra_node.all_to_all.alpha.value
     s = Strategy(gpus=4, gpus_per_node=4, sp=sp, checkpoint_every=ck, grad_accum=ga)
     recomputed = 0 if ck == 0 else math.ceil(32 / ck)
-    assert _phases(s, p)["ulysses_all_to_all"] == pytest.approx(ga * 4 * (2 * 32 + recomputed) * alpha)
-    assert _phases(Strategy(gpus=4, gpus_per_node=4, sp=1), p)["ulysses_all_to_all"] == 0.0
+    latency_s = 2 * _phases(s, fast)["ulysses_all_to_all"] - _phases(s, slow)["ulysses_all_to_all"]
+    assert latency_s == pytest.approx(ga * 4 * (2 * 32 + recomputed) * alpha)
+    assert _phases(Strategy(gpus=4, gpus_per_node=4, sp=1), fast)["ulysses_all_to_all"] == 0.0
 
 
 def test_cpu_optimizer_time_shares_the_node_rate_between_its_ranks(gh200):

@@ -110,7 +110,7 @@ def test_a_malformed_jsonl_line_is_named(tmp_path):
 @pytest.mark.parametrize("edit, named", [
     (lambda d: d["candidate"].update(model=None), "candidate.model"),
     (lambda d: d["candidate"].update(seq_len="long"), "candidate.seq_len"),
-    (lambda d: d["result"].update(status="weird"), "unknown status"),
+    (lambda d: d["result"].update(status="weird"), "status must be one of"),
     (lambda d: d.update(result=None), "result"),
     (lambda d: d["result"].update(step_time_s=[1.0]), "result.step_time_s"),
 ])
@@ -167,14 +167,23 @@ def test_default_store_path_prefers_the_cache_folder(tmp_path, monkeypatch):
     assert str(default_store_path()) == "runs.db"
 
 
-def test_a_torn_last_line_is_skipped_and_any_other_bad_line_named(tmp_path):
-    from runs.jsonl import append_record, read_records
+def test_a_torn_last_line_is_skipped_said_and_any_other_bad_line_named(tmp_path):
+    from runs.jsonl import TornLineWarning, append_record, read_records
 
     path = tmp_path / "runs.jsonl"
     append_record(path, record(1024))
     with open(path, "a") as f:
         f.write('{"key": "half a reco')  # the sweep was killed while writing
-    assert [r.candidate.seq_len for r in read_records(path)] == [1024]
+    with pytest.warns(TornLineWarning, match="runs.jsonl:2: the last line is cut short"):
+        assert [r.candidate.seq_len for r in read_records(path)] == [1024]
+    append_record(path, record(2048))  # the resumed sweep's next run: the torn line is cut, not continued
+    with open(path, "a") as f:
+        f.write('{"key": "half')  # killed again
+    append_record(path, record(4096))
+    assert [r.candidate.seq_len for r in read_records(path)] == [1024, 2048, 4096]
+    path.write_text(record(1024).to_json_line() + '{"key": "half a reco\n')  # ends as a line does: not torn
+    with pytest.raises(RunFileError, match="runs.jsonl:2: not valid JSON"):
+        read_records(path)
     path.write_text('{"key": "half"\n' + record(1024).to_json_line())
     with pytest.raises(RunFileError, match="runs.jsonl:1"):
         read_records(path)
