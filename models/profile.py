@@ -666,6 +666,12 @@ def _leaves(node: dict, keys: set[str], prefix: str = ""):
                 yield from _leaves(item, keys, where)
 
 
+def sourced(profile: "HardwareProfile") -> dict[str, str]:
+    """Every constant and curve of the profile by dotted name, with its source (the fit's record of
+    earlier values left out)."""
+    return {name: node["source"] for name, node in _leaves(profile.model_dump(exclude={"fit"}), {"source"})}
+
+
 def _value_at(profile: "HardwareProfile", name: str) -> float | None:
     node = profile
     for key in name.split("."):

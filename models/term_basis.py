@@ -21,7 +21,7 @@ import numpy as np
 
 from models.fit import TIME_PARAMETERS
 from models.predict import predict_batch
-from models.profile import HardwareProfile, _quantities
+from models.profile import HardwareProfile, sourced
 from models.profile_values import get_value, with_values
 from models.strategy import StrategyBatch
 from models.workload import Workload
@@ -52,8 +52,8 @@ def basis_of(source: str) -> Basis:
 
 
 def bases(profile: HardwareProfile) -> dict[str, Basis]:
-    """Every constant's dotted name and basis (the fit's record of earlier values left out)."""
-    return {name: basis_of(q["source"]) for name, q in _quantities(profile.model_dump(exclude={"fit"}))}
+    """Every constant's and curve's dotted name and basis."""
+    return {name: basis_of(source) for name, source in sourced(profile).items()}
 
 
 _NETWORK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
