@@ -26,5 +26,5 @@ def test_raw_files_a_profile_cites_exist(profile):
     """The raw files stay in the repository as evidence (data/profiles, data/calibration), not in the package."""
     cited = set(re.findall(r"[\w.-]+\.raw\.jsonl", profile.read_text()))
     folders = (REPO / "data/profiles", REPO / "data/calibration")
-    missing = [name for name in cited if not any((f / name).exists() for f in folders)]
+    missing = [name for name in cited if not any(any(f.rglob(name)) for f in folders)]
     assert not missing, f"{profile.name} cites raw files that do not exist: {missing}"
