@@ -24,7 +24,7 @@ DEFAULT_ROUNDS = 3
 # measurements, `benchmarks/repeat_scatter.py --keep-chosen`, its raw column, 2026-12-04; one host-bound
 # ZeRO-3 step ran 0.52-0.65 s in three processes on one machine). The same runs set at the hosts their
 # probes read scatter 0.032 and 0.098; that reading (0.041 and 0.098 over fewer runs) was the figure
-# until the twenty-eighth session, too narrow for the raw times a first round compares.
+# until later on 2026-12-04, too narrow for the raw times a first round compares.
 REPEAT_SD_LOG = {"gpu_bound": 0.022, "host_bound": 0.155}
 # A lead of this many standard errors over the rounds is taken as a real one.
 SEPARATED_AT_STDERRS = 2.0

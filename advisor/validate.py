@@ -176,7 +176,7 @@ class PredictedCandidate:
 
 def predicted_sweep(path: str | Path, profile_name: str) -> list[PredictedCandidate]:
     """Every candidate of a sweep file with its prediction: what is committed before a device call
-    (`scripts/predict_sweep.py`) and what a memory cap is a multiple of (`scripts/memory_cap.py`).
+    (`lab/predict_sweep.py`) and what a memory cap is a multiple of (`lab/memory_cap.py`).
     Raises as `candidates_from_sweep` does."""
     candidates = candidates_from_sweep(path)
     predict = make_predictor(profile_name)

@@ -34,14 +34,10 @@ def path_of(strategy) -> str | None:
     return "CPU checkpointing" if strategy.cpu_checkpointing else None
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_runs_option(p)
-    p.add_argument("--profile", default="h200")
-    args = p.parse_args(argv)
-    profile = load_profile(args.profile)
-    paths = run_files(args.runs)
-    groups: dict[str, list[tuple[str, float, float]]] = {}
+def host_memory_groups(paths, profile) -> dict[str, list[tuple[str, float, float, str]]]:
+    """(label, measured GiB, predicted GiB, measured by: pss or hwm) of each untraced ok run that keeps
+    states on the CPU, by the DeepSpeed path that holds them."""
+    groups: dict[str, list[tuple[str, float, float, str]]] = {}
     seen = set()
     for record in gather_records(paths):
         if ((record.key, record.date) in seen or record.result.status != "ok" or not record.result.peak_host_mem_gib
@@ -59,6 +55,15 @@ def main(argv=None) -> int:
         pss = record.result.peak_host_mem_pss_gib
         groups.setdefault(path, []).append((run.label, pss or record.result.peak_host_mem_gib, pred,
                                             "pss" if pss else "hwm"))
+    return groups
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_runs_option(p)
+    p.add_argument("--profile", default="h200")
+    args = p.parse_args(argv)
+    groups = host_memory_groups(run_files(args.runs), load_profile(args.profile))
     width = max((len(label) for rows in groups.values() for label, *_ in rows), default=10)
     print(f"{'run':<{width}}  {'meas GiB':>8}  {'by':>3}  {'pred GiB':>8}  {'err %':>7}")
     summary = []

@@ -4,7 +4,7 @@ measured pick with the scatter of its lead, and how much it scattered from round
     python benchmarks/loop_rounds.py [--json]
 
 Reads `data/loops/*.measured.json` (the `--json` output of `recommend --validate K`), the loops whose
-output has rounds (2026-12-02 on); the README's "Closed loops with rounds" table comes from here.
+output has rounds (2026-12-02 on); the "Closed loops with rounds" table of docs/MEASUREMENTS.md comes from here.
 Energy is per optimizer step, GPU and host; the scatter is the sd of the log of a candidate's rounds.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ same machines' one-GPU steps do (`memory.collective_pool`).
 (as `advisor fit` takes them, `models.fit.ProfileFit`) from the other models' runs only: how the
 pool's figures do on a model they were not taken from.
 
-`--need FILE` reads a sweep of `scripts/memory_cap.py` (each setting uncapped, then its pool capped) and
+`--need FILE` reads a sweep of `lab/memory_cap.py` (each setting uncapped, then its pool capped) and
 sets the model's pool beside what each step needed: more than the largest cap it ran out of memory
 in, at most the pool it reached under the smallest cap it ran in.
 """
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                    help="the pool beyond each run's share, by the machine its file names and its GPU count")
     p.add_argument("--held-out", action="store_true",
                    help="the reserved pool of each model's runs, its figures taken from the other models' runs")
-    p.add_argument("--need", type=Path, help="a scripts/memory_cap.py sweep: what each step needed against the model")
+    p.add_argument("--need", type=Path, help="a lab/memory_cap.py sweep: what each step needed against the model")
     args = p.parse_args(argv)
 
     try:

@@ -4,7 +4,7 @@ around the window? One row a run that has both, its step time predicted by the p
     python benchmarks/window_probes.py [--runs 'data/runs/*.jsonl' ...] [--profile h200] [--json]
 
 Why: a host-bound step's mean followed probes taken within its window (correlation 0.76-0.90) and
-hardly those around it (scripts/probe_drift.py, 2026-12-04), and the harness now probes within the
+hardly those around it (lab/probe_drift.py, 2026-12-04), and the harness now probes within the
 window (`WindowSettings.probe_every_s`). The 16 runs of 2026-12-04 (machines BY and BZ) said the window's
 own probes (`runs.record.window_issue_us`) read the host better than the bracketing ones
 (`runs.record.bracketing_issue_us`), 3.9% against 8.2%, and the fit and `validate` now take them where a run

@@ -29,7 +29,7 @@ LEGACY_LOSS_DTYPE = "bf16"
 
 # A lent host holds a fast or slow spell for about this long: host-bound steps 0.7-2 s apart correlate
 # 0.56-0.80 in log, and a window's mean varies twice as much as independent steps would say from 5 s
-# to 20 s (scripts/probe_drift.py, machines BN and BO, 2026-12-04).
+# to 20 s (lab/probe_drift.py, machines BN and BO, 2026-12-04).
 HOST_SPELL_S = 2.0
 
 

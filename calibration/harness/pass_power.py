@@ -9,7 +9,7 @@ So: a thread polls the counter and keeps every change while steps run, and the p
 taken as host times (on the GPU's clock where there is one, `phase_trace.gpu_edges`). Each counter increment is the integral of the GPU's power over
 the interval since the last change; with one power per kind of pass the increments are linear in those
 powers, and non-negative least squares gives them. What the counter is was measured against a square
-wave of GEMM bursts (`scripts/meter_response.py`, machine BK, 2026-12-03): it moves every 100.0 ms by
+wave of GEMM bursts (`lab/meter_response.py`, machine BK, 2026-12-03): it moves every 100.0 ms by
 the energy of that interval (idle 123 W and bursts 700-750 W read sharply, edges within a few ms), where
 NVML's power reading is a one-second running mean. The poll sees a change up to ~25 ms late when the
 training thread holds the interpreter, so the changes are put back on the counter's own regular grid.

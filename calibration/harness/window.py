@@ -9,7 +9,7 @@ H200 slice, 2026-12-01: 0.12-0.21 s within one 4 s window), so three steps can m
 more than the model's error, and a measured pick between two close candidates would be a coin toss.
 Why 20 s at least: the host holds a fast or slow spell for a second or two, so a short window's
 steps agree with each other and still miss; on lent H200 slices a host-bound window's mean scattered
-by 9-15% (sd in log) at 2 s, 5-9% at 10 s and 3-7% at 20 s (scripts/probe_drift.py, 2026-12-04), and
+by 9-15% (sd in log) at 2 s, 5-9% at 10 s and 3-7% at 20 s (lab/probe_drift.py, 2026-12-04), and
 `runs.record.relative_sem` counts host spells, not steps.
 
 Why probes within the window: a host-bound step's mean over a window followed the host probes taken

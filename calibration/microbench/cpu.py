@@ -145,7 +145,7 @@ def issue_us_per_layer(device, sync, rounds: int = ISSUE_PROBE_ROUNDS) -> float:
 
 
 def issue_rounds_us_per_layer(device, sync, rounds: int) -> list[float]:
-    """Each round's issue time a layer, in order: how a probe's rounds scatter (scripts/probe_drift.py)."""
+    """Each round's issue time a layer, in order: how a probe's rounds scatter (lab/probe_drift.py)."""
     with torch_own_linear():
         width = ISSUE_PROBE_WIDTH
         net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(ISSUE_PROBE_LAYERS)]).to(device)

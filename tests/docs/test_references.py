@@ -10,9 +10,10 @@ import pytest
 from models.profile import PROFILES_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "data").glob("**/*.md"))]
-# A path inside the repository, as the docs write them: `data/...`, `docs/...`, `scripts/...`, ...
-PATH = re.compile(r"(?<![\w/.-])((?:data|docs|scripts|benchmarks|examples|calibration|advisor|models|runs|tests)/[\w./*-]+\.\w+)")
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "data").glob("**/*.md")),
+        *sorted((REPO / "lab").glob("**/*.md"))]
+# A path inside the repository, as the docs write them: `data/...`, `docs/...`, `lab/...`, ...
+PATH = re.compile(r"(?<![\w/.-])((?:data|docs|lab|benchmarks|examples|calibration|advisor|models|runs|tests)/[\w./*-]+\.\w+)")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))

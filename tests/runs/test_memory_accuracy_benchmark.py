@@ -36,7 +36,7 @@ NEED = REPO / "data" / "calibration" / "h200-x1-memory-cap-2026-12-03.jsonl"
 
 
 def test_what_each_step_needed_is_bracketed_and_the_models_pool_covers_it():
-    """Six one-H200 steps run uncapped and with their pool capped (scripts/memory_cap.py): each needed
+    """Six one-H200 steps run uncapped and with their pool capped (lab/memory_cap.py): each needed
     more than the largest cap it ran out of memory in and ran within the pool it reached under the
     smallest cap it ran in. The shipped profile's pool is never below a cap a step ran out of memory in
     (that would be an OOM the advisor recommends), and the unconstrained pool overstates the need."""

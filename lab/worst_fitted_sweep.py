@@ -1,6 +1,6 @@
 """Write a sweep of the fitted settings that leave-one-out predicts worst, to measure them again.
 
-    python scripts/worst_fitted_sweep.py data/sweeps/NAME.jsonl [--gpus 1] [--count 20] [--skip 0] [--max-step-s 1.5]
+    python lab/worst_fitted_sweep.py data/sweeps/NAME.jsonl [--gpus 1] [--count 20] [--skip 0] [--max-step-s 1.5]
 
 A fitted run predicted badly with the run left out is a question: is the model wrong there, or was
 the host slower or faster than the probe taken for it said? The same setting measured again, with

@@ -4,9 +4,9 @@
 # and closed loops (recommend --validate), each step under the call's budget. State lives in
 # /tmp/state, so a second call on the warm machine goes on from there; everything comes back as
 # one archive.
-#   bash scripts/h200_loop_session.sh BUDGET_S STEP [STEP ...]
+#   bash lab/h200_loop.sh BUDGET_S STEP [STEP ...]
 # Steps: threads (calibrate CPUAdam at 1..all threads), attention (SDPA at every head dim, for
-# `python -m calibration.merge STATE/h200-attention.raw.jsonl --into models/profiles/h200.json`), layers
+# `python -m calibration.merge STATE/h200-attention.raw.jsonl --into h200`), layers
 # (the decoder layers' elementwise kernels, Qwen3's also without their q/k norms and with sandwich norms), refresh (the parameter refresh after a CPU
 # step at 1..all threads), sweep:FILE (advisor validate; FILE's runs are
 # traced for memory when its name has "memory", profiled one after another, ADVISOR_STEP_PROFILE,
@@ -16,7 +16,7 @@
 # calibrate (every benchmark family on this node, the profile's constants it cannot measure filled
 # from it: STATE/PROFILE-calibrated.json and its raw file, for the first measured profile of a new kind).
 # PROFILE (default h200) names the shipped profile the steps fill from and the sweeps are predicted with:
-# PROFILE=h100 on a lent H100 (`models/profiles/h100.json`, derived from h200 until one is measured).
+# PROFILE=h100 on a lent H100 (the shipped `h100`, derived from h200 until one is measured).
 # A machine that went back between calls loses /tmp/state: carry the last call's archive as
 # .device_state/state.tgz and the runs it holds are not made again.
 set -u
@@ -33,27 +33,27 @@ for step in "$@"; do
     calibrate)
       [ -f "$STATE/calibrate.done" ] && continue
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" \
-        --fill-from "models/profiles/$PROFILE.json" --out "$STATE/$PROFILE-calibrated.json" 2>&1 | tail -n 30 \
+        --fill-from "$PROFILE" --out "$STATE/$PROFILE-calibrated.json" 2>&1 | tail -n 30 \
         && [ -f "$STATE/$PROFILE-calibrated.json" ] && touch "$STATE/calibrate.done" ;;
     threads)
       [ -f "$STATE/threads.done" ] && continue
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" --only cpu_adam --only cpu_adam_threads \
-        --fill-from "models/profiles/$PROFILE.json" --out "$STATE/$PROFILE-threads.json" 2>&1 | tail -n 12 \
+        --fill-from "$PROFILE" --out "$STATE/$PROFILE-threads.json" 2>&1 | tail -n 12 \
         && [ -f "$STATE/$PROFILE-threads.json" ] && touch "$STATE/threads.done" ;;
     attention)
       [ -f "$STATE/attention.done" ] && continue
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" --only attention \
-        --fill-from "models/profiles/$PROFILE.json" --out "$STATE/$PROFILE-attention.json" 2>&1 | grep -i "SDPA\|attention" | tail -n 30 \
+        --fill-from "$PROFILE" --out "$STATE/$PROFILE-attention.json" 2>&1 | grep -i "SDPA\|attention" | tail -n 30 \
         && [ -f "$STATE/$PROFILE-attention.raw.jsonl" ] && touch "$STATE/attention.done" ;;
     layers)
       [ -f "$STATE/layers.done" ] && continue
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" --only layer_elementwise \
-        --fill-from "models/profiles/$PROFILE.json" --out "$STATE/$PROFILE-layers.json" 2>&1 | grep -i "layer" | tail -n 30 \
+        --fill-from "$PROFILE" --out "$STATE/$PROFILE-layers.json" 2>&1 | grep -i "layer" | tail -n 30 \
         && [ -f "$STATE/$PROFILE-layers.raw.jsonl" ] && touch "$STATE/layers.done" ;;
     refresh)
       [ -f "$STATE/refresh.done" ] && continue
       timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name "$PROFILE" --only param_refresh \
-        --fill-from "models/profiles/$PROFILE.json" --out "$STATE/$PROFILE-refresh.json" 2>&1 | grep -i "refresh" | tail -n 14 \
+        --fill-from "$PROFILE" --out "$STATE/$PROFILE-refresh.json" 2>&1 | grep -i "refresh" | tail -n 14 \
         && [ -f "$STATE/$PROFILE-refresh.raw.jsonl" ] && touch "$STATE/refresh.done" ;;
     sweep:*)
       sweep=${step#sweep:}; name=$(basename "$sweep" .jsonl)

@@ -1,4 +1,4 @@
-"""scripts/kernel_power.py on its CPU path: every window, its meter reported absent, none invented."""
+"""lab/kernel_power.py on its CPU path: every window, its meter reported absent, none invented."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_power.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "kernel_power.py"
 
 
 def test_the_cpu_path_writes_every_window_with_no_energy_where_no_meter_is(tmp_path):

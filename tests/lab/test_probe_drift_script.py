@@ -1,4 +1,4 @@
-"""scripts/probe_drift.py: what its summary reads from a drift file, and a short real case on the CPU
+"""lab/probe_drift.py: what its summary reads from a drift file, and a short real case on the CPU
 path (gloo, a tiny model, one thread)."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "probe_drift.py"
-sys.path.insert(0, str(REPO / "scripts"))
+SCRIPT = REPO / "lab" / "probe_drift.py"
+sys.path.insert(0, str(REPO / "lab"))
 
 from probe_drift import drift_summary, following, pin_plan, placement_summary, spread  # noqa: E402
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on a lent H200 machine: install the carried wheels, record the machine,
 # then calibrate and/or run a validation sweep, leaving everything under $OUT.
-#   bash scripts/h200_session.sh calibrate|sweep SWEEP.jsonl BUDGET_S [PROFILE]
+#   bash lab/h200_sweep.sh calibrate|sweep SWEEP.jsonl BUDGET_S [PROFILE]
 # Needs the wheelhouse in .whl/ (advisor wheelhouse --out .whl --python-version 3.12).
 set -u
 mode=$1; shift

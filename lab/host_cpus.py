@@ -1,7 +1,7 @@
 """Each CPU's speed on a lent machine, in rounds: is a host-bound step's spread between runs of one
 lease the CPU its main thread lands on, or the host drifting over time?
 
-    python3 scripts/host_cpus.py ROUNDS > cpus.jsonl
+    python3 lab/host_cpus.py ROUNDS > cpus.jsonl
 
 One line per CPU and round: the issue probe (calibration.microbench.cpu.issue_us_per_layer, what
 every run records) and a pure-Python loop, with this thread pinned to that CPU. A CPU that is slow

@@ -1,6 +1,6 @@
 """Is the host probe's spread its own noise or the host drifting, and over what time?
 
-    python scripts/probe_drift.py --model qwen2.5-1.5b --seq 1024 --zero-stage 3 --checkpoint-every 1 \
+    python lab/probe_drift.py --model qwen2.5-1.5b --seq 1024 --zero-stage 3 --checkpoint-every 1 \
         --seconds 150 --out drift.jsonl
 
 Why: the two probes that bracket a run's window differ by 0.16 in log (sd over 223 shipped runs),

@@ -1,4 +1,4 @@
-"""scripts/meter_response.py on its CPU path: the waves' edges kept, every reading absent, none invented."""
+"""lab/meter_response.py on its CPU path: the waves' edges kept, every reading absent, none invented."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "meter_response.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "meter_response.py"
 
 
 def test_the_cpu_path_keeps_each_bursts_edges_and_no_reading(tmp_path):

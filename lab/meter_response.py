@@ -7,7 +7,7 @@ instead. A square wave whose edges the host knows tells what each reading is: th
 power (`nvmlDeviceGetPowerUsage`) and its instantaneous power field where the driver has one, each
 polled on a thread of its own and kept at every change with its host time.
 
-    python scripts/meter_response.py OUT.json [--periods 0.2,0.5,2] [--seconds 8]
+    python lab/meter_response.py OUT.json [--periods 0.2,0.5,2] [--seconds 8]
 
 Writes the waves' edges (host times the bursts began and ended, after a synchronize) and each
 reading's changes. Without a GPU the waves run tiny matmuls on the CPU and every reading is absent.

@@ -1,7 +1,7 @@
 """What a step needs, not what it reserves: each setting of a sweep run uncapped, then with torch's
 GPU memory pool capped at multiples of its predicted allocated peak, one case per process.
 
-    python scripts/memory_cap.py data/sweeps/NAME.jsonl --out RUNS.jsonl [--caps 1.10,1.03] [--budget-s 540]
+    python lab/memory_cap.py data/sweeps/NAME.jsonl --out RUNS.jsonl [--caps 1.10,1.03] [--budget-s 540]
 
 Unconstrained, the caching allocator keeps every segment it made, and a step's reserved pool came out
 1.03-1.73x its allocated peak; the advisor's feasibility adds that pool to what must fit. Under a cap

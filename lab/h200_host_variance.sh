@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call on a lent one-H200 machine (issue #12): where a host-bound step's spread between
-# runs of one lease comes from. Each CPU's speed in rounds (scripts/host_cpus.py), then the same two
+# runs of one lease comes from. Each CPU's speed in rounds (lab/host_cpus.py), then the same two
 # host-bound runs (data/sweeps/h200-x1-host-variance.jsonl) repeated unpinned, and pinned to the
 # fastest and to the slowest CPU. State lives in /tmp/state, so a second call on the warm machine
 # goes on from there; everything comes back as one archive.
-#   bash scripts/h200_host_variance.sh BUDGET_S STEP [STEP ...]
+#   bash lab/h200_host_variance.sh BUDGET_S STEP [STEP ...]
 # Steps: cpus (3 rounds over every CPU), unpinned:N (the sweep's runs, repeat N), fast:N and slow:N
 # (pinned with taskset to the fastest or slowest CPU of the cpus step, repeat N).
 set -u
@@ -36,7 +36,7 @@ for step in "$@"; do
   [ "$(left)" -gt 45 ] || { echo "skipped $step: the budget is spent"; continue; }
   case $step in
     cpus)
-      [ -s "$STATE/cpus.jsonl" ] || timeout "$(left)" python3 scripts/host_cpus.py 3 > "$STATE/cpus.jsonl"
+      [ -s "$STATE/cpus.jsonl" ] || timeout "$(left)" python3 lab/host_cpus.py 3 > "$STATE/cpus.jsonl"
       wc -l "$STATE/cpus.jsonl" ;;
     unpinned:*) run_sweep "unpinned-${step#unpinned:}" ;;
     fast:*|slow:*)

@@ -1,4 +1,4 @@
-"""scripts/worst_fitted_sweep.py: the settings leave-one-out predicts worst, as a sweep whose runs
+"""lab/worst_fitted_sweep.py: the settings leave-one-out predicts worst, as a sweep whose runs
 keep their old runs' keys."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 from advisor.validate import candidates_from_sweep
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "worst_fitted_sweep.py"
-sys.path.insert(0, str(REPO / "scripts"))
+SCRIPT = REPO / "lab" / "worst_fitted_sweep.py"
+sys.path.insert(0, str(REPO / "lab"))
 
 from worst_fitted_sweep import shipped_by_key, worst_keys  # noqa: E402
 

@@ -1,7 +1,7 @@
-# Sourced by the device session scripts: install the carried wheels (.whl/, from
+# Sourced by the device scripts of lab/: install the carried wheels (.whl/, from
 # `advisor wheelhouse`), set the environment every run needs, record the machine in the file
 # named by $1 (provenance for the runs) and set $gpus.
-#   source scripts/device_setup.sh MACHINE_TXT || exit 1
+#   source lab/device_setup.sh MACHINE_TXT || exit 1
 # The working tree comes first on the path: the carried wheels may hold an older build of this project.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 DS_SKIP_CUDA_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0

@@ -1,4 +1,4 @@
-"""scripts/memory_cap.py: which caps it still runs, and a whole sweep on the CPU path (no GPU: the
+"""lab/memory_cap.py: which caps it still runs, and a whole sweep on the CPU path (no GPU: the
 cap is asked for, not applied, and the record says so)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "memory_cap.py"
-sys.path.insert(0, str(REPO / "scripts"))
+SCRIPT = REPO / "lab" / "memory_cap.py"
+sys.path.insert(0, str(REPO / "lab"))
 
 from memory_cap import parse_caps, settled  # noqa: E402
 

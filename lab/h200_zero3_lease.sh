@@ -5,7 +5,7 @@
 # steps (correlation 0.19, 26 leases, 2026-12-04). Each call: ZeRO-3's hooks timed pass by pass
 # (calibration.microbench.zero3_hooks, at the runs' threads) before and after the sweep's real steps
 # (advisor validate, one case a process, 20-s windows), so each lease gives both.
-#   bash scripts/h200_zero3_lease.sh BUDGET_S [SWEEP]
+#   bash lab/h200_zero3_lease.sh BUDGET_S [SWEEP]
 set -u
 budget=$1; sweep=${2:-data/sweeps/h200-x1-zero3-lease.jsonl}
 end=$(( $(date +%s) + budget ))

@@ -1,6 +1,6 @@
 """Write a sweep's predictions before its runs are made: data/sweeps/NAME.predicted.jsonl.
 
-    python scripts/predict_sweep.py data/sweeps/NAME.jsonl [--profile h200]
+    python lab/predict_sweep.py data/sweeps/NAME.jsonl [--profile h200]
 
 One line per candidate, keyed as `advisor validate` keys the run, with the shipped model's
 prediction. Commit the file before the device call: `benchmarks/committed_predictions.py`

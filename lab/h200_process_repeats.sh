@@ -5,9 +5,9 @@
 # used for ZeRO-3 (is a host-bound step's speed the lease's or the process's? the same checkpointed step
 # ran 1.00-1.68 times its uncheckpointed twin on four leases, 2026-12-04); then for whether a step set
 # at the host its window's probes read repeats closer than its raw time (benchmarks/repeat_scatter.py).
-#   bash scripts/h200_process_repeats.sh BUDGET_S SWEEP [PASSES]
+#   bash lab/h200_process_repeats.sh BUDGET_S SWEEP [PASSES]
 set -u
-[ $# -ge 2 ] || { echo "usage: bash scripts/h200_process_repeats.sh BUDGET_S SWEEP [PASSES]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: bash lab/h200_process_repeats.sh BUDGET_S SWEEP [PASSES]" >&2; exit 2; }
 budget=$1; sweep=$2; passes=${3:-2}
 end=$(( $(date +%s) + budget ))
 OUT=${OUT:-out}; mkdir -p "$OUT"
