@@ -228,11 +228,18 @@ def predict(model, seq_text, profile, global_batch_text, images, frames, image_s
                         pred.peak_gpu_mem_gib)
     pool_note = pool_band_note(bands["peak_gpu_mem_gib_band"], prof.gpu.memory_gib.value,
                                band.level if band else None) if pred.feasible else None
-    for warning in (thread_warnings(strategy, prof) + host_bound_notes(pred) + head_dim_notes(arch, prof)
-                    + ([pool_note] if pool_note else [])):
+    from models.strategy import StrategyBatch
+    from models.term_basis import reliance
+
+    unmeasured = reliance(workload, StrategyBatch.from_strategies([strategy]), prof)[0]
+    unmeasured_note = ([f"note: this step rests on terms profile '{prof.name}' did not measure: "
+                        + "; ".join(r.describe() for r in unmeasured)] if unmeasured else [])
+    for warning in (unmeasured_note + thread_warnings(strategy, prof) + host_bound_notes(pred)
+                    + head_dim_notes(arch, prof) + ([pool_note] if pool_note else [])):
         click.echo(warning, err=True)
     if as_json:
         out = pred.to_dict()
+        out["rests_on_unmeasured"] = [r.to_dict() for r in unmeasured]
         out.setdefault("strategy", asdict(strategy))
         out["global_batch"] = strategy.global_batch
         out["tokens_per_step"] = strategy.global_batch * workload.seq_len
