@@ -444,7 +444,7 @@ def test_report_checks_its_plot_before_the_work(tmp_path, runs4, plot, needle):
 
 def test_a_full_standard_output_is_one_line(tmp_path):
     with open("/dev/full", "w") as full:
-        refused_in_a_process(tmp_path, ["predict", "--model", "7B", "--seq", "4k", "--json"],  # a step without notes
+        refused_in_a_process(tmp_path, ["predict", "--model", "7B", "--seq", "4k", "--profile", "h200", "--json"],  # a step without notes
                              "cannot write to standard output", stdout=full)
 
 
