@@ -497,7 +497,9 @@ def refit_beside(profile_name: str, profile, settings: LoopSettings) -> tuple[st
     done = refit(run_set.runs, profile, data_note=f"store {store}", jobs=os.cpu_count() or 1,
                  progress=to_stderr)
     write_atomic(out, done.model.profile_.to_json() + "\n")
-    write_atomic(band_path(out), done.band.to_json() + "\n")
+    if done.band is not None:  # none where too few runs bound 90% of new ones
+        write_atomic(band_path(out), done.band.to_json() + "\n")
     loo = done.report.families[0]
     return str(out), (f"refitted to {run_set.summary()}: leave-one-out step time MAPE {loo.time.mape:.1%}, GPU "
-                      f"energy {loo.energy.mape or 0:.1%}; use it with --profile {out}")
+                      f"energy {loo.energy.mape or 0:.1%}{'' if done.band else ' (too few runs for a band)'}; "
+                      f"use it with --profile {out}")

@@ -74,17 +74,18 @@ def main(argv=None) -> int:
         print(json.dumps({"runs": paths, "summary": run_set.summary(), "seconds": seconds,
                           "prior_strength": strength, "cross_validation": {str(k): v for k, v in scores.items()},
                           "leave_one_out": loo.to_dict(), "as_is": as_is.to_dict(),
-                          "band": json.loads(done.band.to_json())}))
+                          "band": json.loads(done.band.to_json()) if done.band else None}))
         return 0
     print(f"runs: {', '.join(Path(x).name for x in paths)}: {run_set.summary()}")
     for line in run_set.skipped:
         print(f"  unusable: {line}")
     if scores:
-        print("prior strength by 5-fold cross-validation (mean |log error|): "
+        print("prior strength by the runs held out (mean |log error|): "
               + ", ".join(f"{k:g}: {v:.3f}" for k, v in scores.items()) + f"; chose {strength:g}")
-    print(f"leave-one-out: {len(done.held)} refits, {seconds:.0f} s with the cross-validation; the 90% band held "
-          f"{done.band.step_time_s.loo_coverage:.0%} (time) and {done.band.gpu_energy_j.loo_coverage:.0%} (energy) "
-          "of the runs, each left out\n")
+    held = (f"the 90% band held {done.band.step_time_s.loo_coverage:.0%} (time) and "
+            f"{done.band.gpu_energy_j.loo_coverage:.0%} (energy) of the runs, each left out" if done.band
+            else "too few runs for a 90% band")
+    print(f"{loo.mode}: {len(done.held)} runs, {seconds:.0f} s with the choice of the prior; {held}\n")
     print(format_report(loo))
     print()
     print(format_report(as_is))
