@@ -41,7 +41,8 @@ def fitted(files):
 def test_fit_writes_a_fitted_profile_and_reports_leave_one_out(files, fitted):
     folder, records = files
     assert fitted["runs"]["used"] == RUNS
-    assert set(fitted["cross_validation"]) == {"0.001", "0.01", "0.1"}
+    tried = list(fitted["cross_validation"])  # from the weakest prior up, until the error rises
+    assert tried == ["0.001", "0.01", "0.1"][:len(tried)] and len(tried) >= 2
     best = min(fitted["cross_validation"], key=fitted["cross_validation"].get)
     assert fitted["prior_strength"] == float(best)
     assert fitted["runs"]["failed"] == {"oom": 1, "crash": 1, "timeout": 1}

@@ -83,6 +83,9 @@ def test_cross_validation_prefers_the_prior_that_predicts_held_out_runs(small_sp
     # every strength is an independent fit: shared among processes, the same scores
     shared = choose_prior_strength(runs, base, grid=(1e-3, 10.0), jobs=2)
     assert shared[0] == best and shared[1] == pytest.approx(scores, rel=1e-9)
+    # once the error rises, stronger priors are not tried
+    walked = choose_prior_strength(runs, base, grid=(1e-3, 10.0, 100.0))
+    assert list(walked[1]) == [1e-3, 10.0] and walked[0] == best
 
 
 def test_leverage_corrected_residuals_track_exact_leave_one_out(small_specs, base):
