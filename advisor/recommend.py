@@ -203,7 +203,8 @@ def recommend_run(req: RecommendRequest) -> SearchResult:
             _print_plan(req, loop)
             return result
     pick = loop.pick_index if loop and loop.pick_index is not None else result.pick
-    unmeasured.update(rests_on(result, [pick], workload, profile))
+    if pick not in unmeasured:  # a measured pick the search did not show
+        unmeasured.update(rests_on(result, [pick], workload, profile))
     unmeasured_note = pick_note(unmeasured[pick], profile)
     chosen = result.candidates.strategies[pick]
     config, training, line = pick_outputs(req, chosen)

@@ -48,6 +48,12 @@ class FitParameter:
     def path(self) -> tuple[str, ...]:
         return tuple(self.name.split("."))
 
+    def moved(self, value: float) -> float:
+        """`value` moved by one prior width, up unless that passes the upper bound: how far a probe of
+        what the constant moves goes (a finite step, so a regime change past it is still seen)."""
+        return float(np.clip(value + self.scale if value + self.scale <= self.upper else value - self.scale,
+                             self.lower, self.upper))
+
 
 TIME_PARAMETERS = (
     FitParameter("overheads.compute_efficiency", 0.3, 1.2, 0.1, "time"),
@@ -449,7 +455,7 @@ def _probe(stage: list[FitParameter], x0: np.ndarray, profile_at: Callable, resi
     out = np.zeros((len(r0), len(stage)))
     for j, p in enumerate(stage):
         x = x0.copy()
-        x[j] = np.clip(x[j] + p.scale if x[j] + p.scale <= p.upper else x[j] - p.scale, p.lower, p.upper)
+        x[j] = p.moved(x[j])
         out[:, j] = np.abs(residuals(profile_at(x)) - r0)
     return out
 

@@ -22,7 +22,7 @@ import numpy as np
 from models.fit import TIME_PARAMETERS
 from models.predict import predict_batch
 from models.profile import HardwareProfile, sourced
-from models.profile_values import get_value, with_values
+from models.profile_values import get_value, getattr_path, with_values
 from models.strategy import StrategyBatch
 from models.workload import Workload
 
@@ -111,23 +111,17 @@ def reliance(workload: Workload, batch: StrategyBatch, profile: HardwareProfile,
     """For each strategy of `batch`, the carried or placeholder time terms (DeepSpeed overheads and
     overlap: what real runs fit) that move its predicted step time by at least `min_share` when
     moved by their prior width. A placeholder of 0 is moved up: its cost is unknown, not absent."""
-    terms = [p for p in TIME_PARAMETERS if basis_of(_source(profile, p.name)) in UNMEASURED]
+    sources = {p.name: getattr_path(profile, p.name).source for p in TIME_PARAMETERS}
+    terms = [p for p in TIME_PARAMETERS if basis_of(sources[p.name]) in UNMEASURED]
     base = predict_batch(workload, batch, profile).step_time_s
     out: list[list[Reliance]] = [[] for _ in range(len(base))]
     for p in terms:
-        value = get_value(profile, p.name)
-        moved = value + p.scale if value + p.scale <= p.upper else value - p.scale
+        moved = p.moved(get_value(profile, p.name))
         step = predict_batch(workload, batch, with_values(profile, {p.name: moved})).step_time_s
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.abs(step - base) / base
-        source = _source(profile, p.name)
+        source = sources[p.name]
         for i in np.flatnonzero(np.isfinite(share) & (share >= min_share)):
             out[i].append(Reliance(p.name, basis_of(source), source, float(share[i])))
     return [sorted(r, key=lambda x: -x.step_time_share) for r in out]
 
-
-def _source(profile: HardwareProfile, name: str) -> str:
-    node = profile
-    for key in name.split("."):
-        node = getattr(node, key)
-    return node.source
