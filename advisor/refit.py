@@ -16,10 +16,14 @@ from models.band import POOL_METRIC, Band
 from models.fit import ProfileFit, prefit_profile
 from models.measured_run import MeasuredRun
 from models.profile import HardwareProfile
-from models.held_out import (PRIOR_GRID, HeldOutPrediction, choose_prior_strength, k_fold, leave_one_out,
-                             leverage_held_out)
+from models.held_out import (PRIOR_GRID, HeldOutPrediction, choose_prior_strength, choose_prior_strength_by_group,
+                             k_fold, leave_one_out, leverage_held_out)
 
 MIN_RUNS_FOR_CV = 4
+# Up to this many runs the prior is chosen by holding each model out whole (a fit per model and strength:
+# seconds here); above it, by the one fit's leverage-corrected residuals, which kept `advisor fit` of the
+# 382 shipped runs at 41 s where a fit per model and strength would take many minutes.
+MAX_RUNS_HELD_OUT_BY_MODEL = 60
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,18 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     workers = min(len(runs), jobs if jobs > 0 else os.cpu_count() or 1)
     scores: dict[float, float] = {}
     started = time.monotonic()
-    if prior == "cv" and len(runs) >= MIN_RUNS_FOR_CV:
+    models = [r.workload.arch.name for r in runs]
+    by_model = prior == "cv" and MIN_RUNS_FOR_CV <= len(runs) <= MAX_RUNS_HELD_OUT_BY_MODEL and len(set(models)) > 1
+    if by_model:
+        progress(f"fitting {len(runs)} runs at prior strengths {', '.join(f'{g:g}' for g in PRIOR_GRID)}, each "
+                 f"model's runs held out in turn ({len(set(models))} models), to keep the strength that misses "
+                 "an unseen model least...")
+        note = (f"{data_note}; " if data_note else "") + (
+            f"prior strength chosen from {', '.join(f'{g:g}' for g in PRIOR_GRID)} by the error of each model's "
+            "runs fitted without them")
+        strength, scores, model = choose_prior_strength_by_group(runs, base, models, estimator=ProfileFit(data_note=note),
+                                                                 jobs=jobs)
+    elif prior == "cv" and len(runs) >= MIN_RUNS_FOR_CV:
         progress(f"fitting {len(runs)} runs at prior strengths {', '.join(f'{g:g}' for g in PRIOR_GRID)} "
                  f"on {min(workers, len(PRIOR_GRID))} processes, to keep the one whose runs held out miss least...")
         note = (f"{data_note}; " if data_note else "") + (

@@ -25,12 +25,14 @@ import torch.distributed as dist
 from calibration import FAMILIES, environment
 from calibration.carried import REFERENCE_PROFILE
 from calibration.meters import EnergyMonitor
-from calibration.microbench import (collectives, compute, cpu, hostlink, layer, memory, overlap, param_refresh, pass_issue,
-                                    power, wait_decay, zero3_hooks)
+from calibration.ds_worker import DeepSpeedWorker
+from calibration.microbench import (collectives, compute, cpu, ds_steps, hostlink, layer, memory, overlap, param_refresh,
+                                    pass_issue, power, wait_decay, zero3_hooks)
 from calibration.microbench.common import BenchContext, BenchItem, Skip, gather_objects, sizes_for
 from calibration.profile_writer import MissingMeasurements, build_profile
 from calibration.rawlog import RawLog, RawResult, now_iso, raw_path_for
-from calibration.report import one_line, summary_table
+from calibration.report import one_line, step_fit_table, summary_table
+from calibration.step_fit import fit_to_steps
 
 
 
@@ -60,16 +62,25 @@ class CalibrationResult:
     interrupted: bool = False  # stopped by Ctrl-C; what was measured is in the raw file
 
 
+WORKER_FAMILIES = ("ds_steps", "zero3_hooks")  # what runs in the DeepSpeed worker
+
+
 def plan(ctx: BenchContext, only: tuple[str, ...] = ()) -> list[BenchItem]:
     """Every benchmark in run order: cold idle power first, the other power phases last."""
     items = [power.item("idle")]
     for module in (compute, layer, hostlink, cpu, pass_issue, zero3_hooks, param_refresh, collectives, memory, overlap, power, wait_decay):
         if module is param_refresh:
             items.append(cpu.host_issue_item("mid"))
+        if module is hostlink:
+            # The DeepSpeed worker starts with the calibration and builds the CPU optimizer beside the GPU
+            # benchmarks (their clocks are the GPU's); the host-timed benchmarks wait for it to finish.
+            items.append(ds_steps.worker_item())
         items += module.items(ctx)
     # The host probe midway and at the end too: one reading scatters with the host's spells (262 us on a
     # lent H100 whose runs then probed 130-220 us), so the profile takes the median of three.
     items.append(cpu.host_issue_item("end"))
+    if ctx.world_size == 1:  # real steps of each family last: the overhead terms are fitted to them
+        items += ds_steps.items(ctx)
     return [i for i in items if not only or i.family in only]
 
 
@@ -153,10 +164,23 @@ def _run(opts, console, rank, world, local_rank, local_world, backend, device) -
                        world_size=world, local_rank=local_rank, local_world_size=local_world, backend=backend,
                        cpu_adam=opts.cpu_adam)
     ctx.monitor = EnergyMonitor([device.index or 0] if ctx.is_cuda else [], sync=ctx.sync)
+    ctx.worker = _worker(ctx) if local_rank == 0 else None
     try:
         return _measure(opts, console, ctx, rank, world, local_world, device)
     finally:
+        if ctx.worker is not None:
+            ctx.worker.close()
         ctx.monitor.close()
+
+
+def _worker(ctx: BenchContext) -> DeepSpeedWorker:
+    """The DeepSpeed worker on this rank's GPU, one rank of its own, at the issue benchmarks' threads
+    (on a GPU the run's: torch's default, all the cores this process may use)."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "OMP_NUM_THREADS": str(ctx.issue_threads)}
+    if ctx.is_cuda:
+        env["CUDA_VISIBLE_DEVICES"] = str(ctx.device.index or 0)
+    return DeepSpeedWorker(env)
 
 
 def _measure(opts, console, ctx, rank, world, local_world, device) -> CalibrationResult:
@@ -190,6 +214,8 @@ def _measure(opts, console, ctx, rank, world, local_world, device) -> Calibratio
         return result
 
     items = plan(ctx, opts.only)
+    if ctx.worker is not None and ctx.is_cuda and any(i.key not in done and i.family in WORKER_FAMILIES for i in items):
+        ctx.worker.begin(ds_steps.warm_request(ctx))  # on the CPU path its start would slow the CPU's own timings
     progress = _progress(console) if rank == 0 else None
     task = progress.add_task("calibrating", total=len(items)) if progress else None
     with progress or _Nothing():
@@ -232,6 +258,10 @@ def _write_profile(opts, env, log, result, console, ref, reference) -> None:
         result.error = str(exc)
         console.print(f"[red]{exc}[/red]")
         return
+    steps = fit_to_steps(profile, log.results())
+    if steps is not None:
+        profile = steps.profile
+        console.print(step_fit_table(steps))
     out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -37,7 +37,26 @@ def one_line(family: str, data: dict) -> str:
         return gpu + cpu
     if family == "memory":
         return f"{data['framework_gib']:.2f} GiB"
+    if family == "ds_steps" and "result" in data:
+        r = data["result"]
+        return f"{r['step_time_s']:.3f} s a step over {r['measured_steps']}"
+    if family == "ds_steps":
+        return f"DeepSpeed {data['deepspeed']} in {data['time_s']:.0f} s, CPU optimizer op {data['cpu_adam_op']}"
     return "done"
+
+
+def step_fit_table(fit) -> Table:
+    """What the calibration's DeepSpeed steps did to the carried overhead terms (calibration.step_fit)."""
+    t = Table(title=f"DeepSpeed overheads fitted to {len(fit.steps)} steps (prior strength {fit.prior_strength:g})")
+    for name, justify in (("step", "left"), ("measured s", "right"), ("carried terms", "right"),
+                          ("fitted", "right"), ("held out", "right")):
+        t.add_column(name, justify=justify)
+    for s in fit.steps:
+        t.add_row(s.case, f"{s.measured_s:.3f}", *(f"{v / s.measured_s - 1:+.1%}" for v in (s.carried_s, s.fitted_s,
+                                                                                         s.held_out_s)))
+    moved = ", ".join(f"{n.removeprefix('overheads.')} {a:.3g} -> {b:.3g}" for n, (a, b) in sorted(fit.fitted.items()))
+    t.caption = f"fitted: {moved or 'none'}; kept (no step responds to it): {', '.join(fit.kept) or 'none'}"
+    return t
 
 
 def summary_table(profile: dict) -> Table:

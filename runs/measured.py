@@ -107,8 +107,14 @@ def to_measured_run(record: RunRecord) -> MeasuredRun:
     energy = r.gpu_energy_j if r.gpu_energy_j is not None and r.gpu_energy_j > 0 else None
     issue_us = probed_issue_us(r.host_probe, c.zero_stage)
     reserved = default_allocator_reserved_gib(r)
-    return MeasuredRun(workload, strategy, float(r.step_time_s), energy, r.peak_gpu_mem_gib,
-                       reserved, r.peak_host_mem_gib, run_id=record.key, label=_label(c, strategy),
+    allocated, host_peak = r.peak_gpu_mem_gib, r.peak_host_mem_gib
+    if r.shared_process:
+        # What the runs before it left stays: DeepSpeed's ZeRO-3 engines outlive engine.destroy() in a process
+        # (the calibration's worker on a lent H100 held 10.8 GiB after its ZeRO-3 hook benchmark), so none of
+        # its memory peaks is this run's own.
+        allocated, reserved, host_peak = None, None, None
+    return MeasuredRun(workload, strategy, float(r.step_time_s), energy, allocated,
+                       reserved, host_peak, run_id=record.key, label=_label(c, strategy),
                        host_issue_per_layer_s=issue_us * 1e-6 if issue_us else None)
 
 

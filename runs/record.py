@@ -23,6 +23,10 @@ STATUSES = ("ok", "oom", "crash", "timeout")
 # How a harness run whose GPU allocations were recorded says so in `config_adjustments`.
 MEMORY_TRACE_ADJUSTMENT = ("GPU allocations recorded (ADVISOR_MEMORY_TRACE): steps carry the recording's cost, "
                            "and host memory the recording's own")
+# How a run that shared its process with other runs (the calibration's DeepSpeed worker) says so: its
+# memory peaks carry what the runs before it left on the GPU and in the process's heap.
+SHARED_PROCESS_ADJUSTMENT = ("ran in a process shared with other runs (calibration.ds_worker): its GPU and host "
+                             "memory peaks are not its own")
 # Records written before candidates carried a loss dtype (2026-11-29) ran the harness's loss on bf16 logits.
 LEGACY_LOSS_DTYPE = "bf16"
 
@@ -177,6 +181,11 @@ class RunResult:
         """Whether its GPU allocations were recorded: the recording holds host memory of its own (a
         traced run held 0.4-0.9 GiB more than the same run untraced), so its host peak is not the run's."""
         return any("ADVISOR_MEMORY_TRACE" in a for a in self.config_adjustments)
+
+    @property
+    def shared_process(self) -> bool:
+        """Whether it ran in a process shared with other runs (SHARED_PROCESS_ADJUSTMENT)."""
+        return any(a.startswith(SHARED_PROCESS_ADJUSTMENT.partition(" (")[0]) for a in self.config_adjustments)
 
     def to_dict(self) -> dict:
         return asdict(self)

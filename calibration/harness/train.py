@@ -23,7 +23,7 @@ import traceback
 from calibration.harness.measure import HostMemoryPeak
 from calibration.harness.shared_host_memory import SharedHostMemory
 from calibration.harness.window import WindowSettings
-from runs.record import MEMORY_TRACE_ADJUSTMENT, RunResult
+from runs.record import MEMORY_TRACE_ADJUSTMENT, SHARED_PROCESS_ADJUSTMENT, RunResult
 
 GIB = 2**30
 
@@ -91,12 +91,13 @@ def _dtype(cfg: dict):
 
 
 class Timeline:
-    """Seconds since this process started at each named point: where a run's start-up goes."""
+    """Seconds since this process started (or, in a process that runs several, since this run began) at
+    each named point: where a run's start-up goes."""
 
-    def __init__(self):
+    def __init__(self, since_now: bool = False):
         import psutil
 
-        self._created = psutil.Process().create_time()
+        self._created = time.time() if since_now else psutil.Process().create_time()
         self.marks: dict[str, float] = {}
         self.mark("main")
 
@@ -104,8 +105,11 @@ class Timeline:
         self.marks[name] = round(time.time() - self._created, 2)
 
 
-def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timeline) -> RunResult | None:
-    """Run warm-up and measured steps; rank 0 gets the combined result, other ranks None."""
+def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timeline,
+          own_process: bool = True) -> RunResult | None:
+    """Run warm-up and measured steps; rank 0 gets the combined result, other ranks None. `own_process`
+    False: one of several runs in one process (calibration.ds_worker), whose memory peaks are marked
+    as not the run's own (runs.record.SHARED_PROCESS_ADJUSTMENT)."""
     import deepspeed
     import torch
     from deepspeed import comm as dist
@@ -124,6 +128,8 @@ def train(args: argparse.Namespace, host_memory: HostMemoryPeak, timeline: Timel
     device_kind = "cuda" if cuda else "cpu"
     with open(args.ds_config) as f:
         cfg, adjustments = prepare_config(json.load(f), device_kind)
+    if not own_process:
+        adjustments.append(SHARED_PROCESS_ADJUSTMENT)
     arch = load_architecture(args.model)
     if args.freeze_vision and arch.vision is None:
         raise ValueError(f"--freeze-vision: model '{arch.name}' has no vision encoder")

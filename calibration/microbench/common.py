@@ -48,6 +48,7 @@ class BenchContext:
     monitor: Any = None  # calibration.meters.EnergyMonitor for this rank's GPU
     cpu_adam: str = "auto"  # "auto" | "deepspeed" | "torch"
     groups: dict = field(default_factory=dict)
+    worker: Any = None  # calibration.ds_worker.DeepSpeedWorker on local rank 0: DeepSpeed engines, one process
 
     @property
     def is_cuda(self) -> bool:

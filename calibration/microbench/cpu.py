@@ -52,6 +52,13 @@ def choose_optimizer(ctx: BenchContext) -> tuple[str, str]:
                      "(use --cpu-adam deepspeed to build and measure it)")
 
 
+def ramp(n: int, top: float = 1.0) -> torch.Tensor:
+    """n fp32 values from -top to top: what the optimizer and cast benchmarks work on. Filled on every
+    thread (randn of 256M values took 2-3 s of each item's 6 on one thread, on a lent H100 host); the
+    kernels timed here do the same work whatever the values."""
+    return torch.linspace(-top, top, n, dtype=torch.float32)
+
+
 def adam_params(quick: bool, cpu: bool) -> int:
     if cpu:
         return 2**22
@@ -85,8 +92,8 @@ def bench_cpu_adam(ctx: BenchContext, threads: int | None = None) -> dict:
     old_threads = torch.get_num_threads()
     torch.set_num_threads(cores)  # DeepSpeedCPUAdam's OpenMP loops and torch share this runtime
     try:
-        p = torch.nn.Parameter(torch.randn(n, dtype=torch.float32))
-        p.grad = torch.randn(n, dtype=torch.float32)
+        p = torch.nn.Parameter(ramp(n))
+        p.grad = ramp(n, 1e-3)
         try:
             opt = _make_optimizer(kind, [p])
             opt.step()

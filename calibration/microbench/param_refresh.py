@@ -22,7 +22,7 @@ import time
 import torch
 
 from calibration.microbench.common import BenchContext, BenchItem, Skip
-from calibration.microbench.cpu import host_cores, thread_counts
+from calibration.microbench.cpu import host_cores, ramp, thread_counts
 
 REPEATS = 3
 
@@ -55,7 +55,7 @@ def bench_refresh(ctx: BenchContext, path: str, threads: int) -> dict:
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        master = torch.randn(n, dtype=torch.float32)
+        master = ramp(n)
         if path == "cast":
             dst = torch.empty(n, dtype=torch.bfloat16, pin_memory=ctx.is_cuda)
         else:

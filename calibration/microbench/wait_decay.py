@@ -19,8 +19,8 @@ BURST_S = 0.1
 GAPS_S = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 # A short gap's power is the window's energy less the bursts', over little idle time: each window
 # lasts until its gaps add up to this much (at most MAX_WINDOW_S), so the bursts' error stays small.
-MIN_IDLE_S = 1.0
-MAX_WINDOW_S = 15.0
+MIN_IDLE_S = 0.5
+MAX_WINDOW_S = 8.0
 
 
 def bench_wait_decay(ctx: BenchContext) -> dict:

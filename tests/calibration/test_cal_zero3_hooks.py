@@ -9,7 +9,8 @@ import torch
 from cal_helpers import env, gpu_results, ratio_raw, ratio_rows, rr
 
 from calibration.merge import main, merged_profile
-from calibration.microbench.common import BenchContext, sizes_for
+from calibration.calibrate import _worker
+from calibration.microbench.common import BenchContext, Skip, sizes_for
 from calibration.microbench.zero3_hooks import bench_zero3_hooks, hook_ratios
 from calibration.profile_writer import build_profile
 from models.profile import parse_profile
@@ -38,14 +39,24 @@ def test_a_recompute_lost_in_the_host_s_noise_is_an_error_not_a_negative_ratio()
 
 
 @pytest.mark.slow
-def test_the_cpu_path_times_both_stages_in_a_child_engine():
+def test_the_cpu_path_times_both_stages_in_the_deepspeed_worker():
     ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
-    row = bench_zero3_hooks(ctx, "qwen2.5-0.5b")
+    ctx.worker = _worker(ctx)
+    try:
+        row = bench_zero3_hooks(ctx, "qwen2.5-0.5b")
+    finally:
+        ctx.worker.close()
     assert row["ran"] and row["layers"] > 1 and row["threads"] == ctx.issue_threads == 1
     assert row["zero3_forward_s_per_layer"] > row["zero0_forward_s_per_layer"] > 0  # the fetch and release hooks
     for stage in (0, 3):
         assert row[f"zero{stage}_checkpointed_backward_s_per_layer"] > row[f"zero{stage}_backward_s_per_layer"]
     assert row["backward_ratio"] > 0 and row["checkpointed_forward_ratio"] > 0
+
+
+def test_without_a_worker_the_hooks_are_skipped_with_the_reason():
+    ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
+    with pytest.raises(Skip, match="no DeepSpeed worker"):
+        bench_zero3_hooks(ctx, "qwen2.5-0.5b")
 
 
 def test_another_rank_of_the_node_leaves_it_to_local_rank_0():

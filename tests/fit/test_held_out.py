@@ -166,3 +166,41 @@ def test_the_fit_bands_the_pool_over_the_held_out_runs_that_measured_it(all_runs
     assert band.reserved_gpu_mem_gib.runs == 30
     assert (band.reserved_gpu_mem_gib.low_log, band.reserved_gpu_mem_gib.high_log) == pytest.approx((-0.2, 0.1))
     assert band.step_time_s.runs == 32  # every run has a step time
+
+
+def _h100_runs(name: str):
+    from pathlib import Path
+
+    from runs.jsonl import read_records
+    from runs.measured import to_run_set
+
+    path = Path(__file__).resolve().parents[2] / "data" / "runs" / "h100" / name
+    return to_run_set(read_records(path)).runs
+
+
+def test_few_runs_of_two_models_choose_the_prior_by_holding_each_model_out():
+    """Five lent-H100 runs of two models: leaving one run out chose the weakest prior, whose fit priced the
+    runs of other models far off; holding each model out chooses a prior that keeps them."""
+    import numpy as np
+
+    from advisor.refit import refit
+    from models.fit import RunEvaluator
+    from models.held_out import PRIOR_GRID
+    from models.profile import load_profile
+
+    flow = _h100_runs("h100-x1-flow-2026-12-06.jsonl")
+    others = _h100_runs("h100-x1-derived-heldout-2026-12-06.jsonl")  # models the five runs do not hold
+    from pathlib import Path
+
+    base = load_profile(str(Path(__file__).resolve().parents[2] / "data" / "calibration" / "h100"
+                            / "h100-steps-calibrated-refit-2026-12-06.json"))
+    done = refit(flow, base, "cv", loo=False)
+    assert set(done.cv_scores) == set(PRIOR_GRID) and done.prior_strength == min(done.cv_scores, key=done.cv_scores.get)
+    assert "each model's runs fitted without them" in done.model.profile_.provenance.notes
+    weakest = refit(flow, base, PRIOR_GRID[0], loo=False)
+
+    def mape(profile) -> float:
+        predicted = RunEvaluator(others)(profile).step_time_s
+        return float(np.mean(np.abs(predicted / np.array([r.step_time_s for r in others]) - 1)))
+
+    assert mape(done.model.profile_) < mape(weakest.model.profile_)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The new-cluster flow as a user runs it, on a lent one-H100 machine, each step timed:
+#   calibrate            advisor calibrate --gpus 1 (real DeepSpeed steps inside), no --fill-from
+#   flow:NAME:MODEL:SEQ:GLOBAL_BATCH  advisor recommend --validate 3 on the calibrated profile ("refit" in NAME adds --refit)
+# State lives in /tmp/state on the machine (kept while it stays warm); every result is copied to $OUT.
+#   bash lab/h100_calibrate_flow.sh BUDGET_S STEP [STEP ...]
+set -u
+budget=$1; shift
+end=$(( $(date +%s) + budget ))
+OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 DS_SKIP_CUDA_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCH_EXTENSIONS_DIR=$STATE/torch_extensions
+[ -f "$STATE/machine.txt" ] || { date -u; nproc; lscpu | grep -E "Model name|Socket|NUMA node\(s\)"; free -g | head -2;
+  nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu,power.draw --format=csv;
+  python3 -c 'import torch, deepspeed, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda); print("deepspeed", deepspeed.__version__); print("threads", torch.get_num_threads())'; } > "$STATE/machine.txt" 2>&1
+head -n 14 "$STATE/machine.txt"
+# A fresh machine goes on from a calibration made on an earlier one: CALIBRATED=path/in/the/tree.json
+[ -n "${CALIBRATED:-}" ] && [ ! -f "$STATE/h100-calibrated.json" ] && cp "$CALIBRATED" "$STATE/h100-calibrated.json" && touch "$STATE/calibrate.done"
+left() { echo $(( end - $(date +%s) - 20 )); }
+for step in "$@"; do
+  [ "$(left)" -gt 45 ] || { echo "skipped $step: the budget is spent"; continue; }
+  case $step in
+    calibrate)
+      [ -f "$STATE/calibrate.done" ] && continue
+      start=$(date +%s)
+      timeout "$(left)" python3 -m advisor.cli calibrate --gpus 1 --name h100 --out "$STATE/h100-calibrated.json" \
+        >> "$STATE/calibrate.log" 2>&1
+      rc=$?; echo "calibrate: rc $rc after $(( $(date +%s) - start )) s (this call)" | tee -a "$STATE/times.txt"
+      grep -v "│" "$STATE/calibrate.log" | tail -n 30
+      [ $rc -eq 0 ] && [ -f "$STATE/h100-calibrated.json" ] && touch "$STATE/calibrate.done" ;;
+    flow:*)
+      IFS=: read -r _ name model seq batch <<< "$step"
+      [ -f "$STATE/$name.done" ] && continue
+      refit=""; case $name in *refit*) refit="--refit";; esac
+      start=$(date +%s)
+      python3 -m advisor.cli recommend --model "$model" --seq "$seq" --global-batch "$batch" --profile "$STATE/h100-calibrated.json" \
+        --validate 3 $refit --budget "$(left)" --store "$STATE/runs.db" --workdir "$STATE/runs" --json \
+        > "$STATE/$name.json" 2> "$STATE/$name.log"
+      rc=$?; echo "$name ($model $seq gb $batch $refit): rc $rc after $(( $(date +%s) - start )) s" | tee -a "$STATE/times.txt"
+      tail -n 15 "$STATE/$name.log"
+      [ $rc -eq 0 ] && touch "$STATE/$name.done" ;;
+  esac
+done
+for f in machine.txt times.txt calibrate.log h100-calibrated.json h100-calibrated.raw.jsonl runs.db; do
+  [ -f "$STATE/$f" ] && cp "$STATE/$f" "$OUT/"
+done
+cp "$STATE"/flow*.json "$STATE"/flow*.log "$STATE"/h100-calibrated.refit-*.json "$OUT/" 2>/dev/null
+mkdir -p "$OUT/runs"; find "$STATE/runs" -name '*.json' -size -2M -exec cp --parents {} "$OUT/runs/" \; 2>/dev/null
+ls -la "$OUT"
