@@ -41,7 +41,8 @@ def one_line(family: str, data: dict) -> str:
         r = data["result"]
         return f"{r['step_time_s']:.3f} s a step over {r['measured_steps']}"
     if family == "ds_steps":
-        return f"DeepSpeed {data['deepspeed']} in {data['time_s']:.0f} s, CPU optimizer op {data['cpu_adam_op']}"
+        return (f"DeepSpeed {data['deepspeed']} in {data['time_s']:.0f} s; optimizer ops: CPU Adam "
+                f"{data['cpu_adam_op']}, fused Adam {data.get('fused_adam_op', 'not recorded')}")
     return "done"
 
 

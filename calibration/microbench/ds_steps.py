@@ -98,8 +98,8 @@ def bench_step(ctx: BenchContext, case: StepCase) -> dict:
 
 
 def warm_request(ctx: BenchContext) -> dict:
-    """What the worker does first: on a GPU, build the CPU optimizer too (the offload steps need it)."""
-    return {"op": "warm", "cpu_adam": ctx.is_cuda and ctx.cpu_adam != "torch"}
+    """What the worker does first: on a GPU, build the optimizers' ops too (the steps need them)."""
+    return {"op": "warm", "build_ops": ctx.is_cuda and ctx.cpu_adam != "torch"}
 
 
 def bench_worker_ready(ctx: BenchContext) -> dict:
