@@ -84,13 +84,16 @@ class DeepSpeedWorker:
         return reply["data"]
 
     def close(self) -> None:
+        """Ends the worker (its stdin closed: it leaves its group and exits), and whatever it started."""
         if self._proc is not None and self._proc.poll() is None:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
             try:
                 self._proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self._kill()
+                pass
+        if self._proc is not None:
+            self._kill()  # SuperOffload's CPU-optimizer processes outlive a worker that exited
         self._proc = None
         self._log.close()
         with contextlib.suppress(OSError):
@@ -131,6 +134,7 @@ class DeepSpeedWorker:
         return f"the DeepSpeed worker failed: {what} (exit {code}): {last[-1] if last else 'no output'}"[:500]
 
     def _kill(self) -> None:
+        """Kills the worker's session: the worker and any process it started."""
         import signal
 
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -99,3 +99,26 @@ def test_an_unknown_request_is_the_reply_s_error_and_the_worker_goes_on():
         assert worker._proc.pid == pid
     finally:
         worker.close()
+
+
+def test_closing_the_worker_ends_the_processes_it_started(tmp_path):
+    """SuperOffload's CPU-optimizer processes may outlive the worker; closing ends its whole session."""
+    pid_file = tmp_path / "child.pid"
+    reply = '@@calibration-worker@@ {"ok": true, "data": {"ran": true}}'
+    body = (f"sleep 300 & echo $! > {pid_file}\nread line\necho '{reply}'\nread line\nexit 0")
+    worker = DeepSpeedWorker({}, python=_fake_python(tmp_path, body))
+    assert worker.request({"op": "warm"}, timeout_s=20) == {"ran": True}
+    child = int(pid_file.read_text())
+    worker.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"  # a zombie is dead, waiting for its parent to read it
+    except FileNotFoundError:
+        return False
