@@ -16,8 +16,8 @@ from models.band import POOL_METRIC, Band
 from models.fit import ProfileFit, prefit_profile
 from models.measured_run import MeasuredRun
 from models.profile import HardwareProfile
-from models.held_out import (PRIOR_GRID, HeldOutPrediction, choose_prior_strength, choose_prior_strength_by_group,
-                             k_fold, leave_one_out, leverage_held_out)
+from models.held_out import (PRIOR_GRID, PRIOR_GRID_BY_GROUP, HeldOutPrediction, choose_prior_strength,
+                             choose_prior_strength_by_group, k_fold, leave_one_out, leverage_held_out)
 
 MIN_RUNS_FOR_CV = 4
 # Up to this many runs the prior is chosen by holding each model out whole (a fit per model and strength:
@@ -69,12 +69,11 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     models = [r.workload.arch.name for r in runs]
     by_model = prior == "cv" and MIN_RUNS_FOR_CV <= len(runs) <= MAX_RUNS_HELD_OUT_BY_MODEL and len(set(models)) > 1
     if by_model:
-        progress(f"fitting {len(runs)} runs at prior strengths {', '.join(f'{g:g}' for g in PRIOR_GRID)}, each "
-                 f"model's runs held out in turn ({len(set(models))} models), to keep the strength that misses "
-                 "an unseen model least...")
+        grid = ", ".join(f"{g:g}" for g in PRIOR_GRID_BY_GROUP)
+        progress(f"fitting {len(runs)} runs at prior strengths {grid}, each model's runs held out in turn "
+                 f"({len(set(models))} models), to keep the strength that misses an unseen model least...")
         note = (f"{data_note}; " if data_note else "") + (
-            f"prior strength chosen from {', '.join(f'{g:g}' for g in PRIOR_GRID)} by the error of each model's "
-            "runs fitted without them")
+            f"prior strength chosen from {grid} by the error of each model's runs fitted without them")
         strength, scores, model = choose_prior_strength_by_group(runs, base, models, estimator=ProfileFit(data_note=note),
                                                                  jobs=jobs)
     elif prior == "cv" and len(runs) >= MIN_RUNS_FOR_CV:

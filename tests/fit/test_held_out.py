@@ -185,7 +185,7 @@ def test_few_runs_of_two_models_choose_the_prior_by_holding_each_model_out():
 
     from advisor.refit import refit
     from models.fit import RunEvaluator
-    from models.held_out import PRIOR_GRID
+    from models.held_out import PRIOR_GRID, PRIOR_GRID_BY_GROUP
     from models.profile import load_profile
 
     flow = _h100_runs("h100-x1-flow-2026-12-06.jsonl")
@@ -195,7 +195,7 @@ def test_few_runs_of_two_models_choose_the_prior_by_holding_each_model_out():
     base = load_profile(str(Path(__file__).resolve().parents[2] / "data" / "calibration" / "h100"
                             / "h100-steps-calibrated-refit-2026-12-06.json"))
     done = refit(flow, base, "cv", loo=False)
-    assert set(done.cv_scores) == set(PRIOR_GRID) and done.prior_strength == min(done.cv_scores, key=done.cv_scores.get)
+    assert set(done.cv_scores) == set(PRIOR_GRID_BY_GROUP) and done.prior_strength == min(done.cv_scores, key=done.cv_scores.get)
     assert "each model's runs fitted without them" in done.model.profile_.provenance.notes
     weakest = refit(flow, base, PRIOR_GRID[0], loo=False)
 
