@@ -61,28 +61,13 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     make the band from them. Each run is held out by its leverage-corrected residual of the one fit
     (`models.held_out.leverage_held_out`: seconds); with `folds`, by that many refits without a fold each;
     with `exact`, by a refit without each run (`jobs` processes; an hour on 300 runs and two cores).
-    A prior strength of 'cv' is chosen by the same leverage-corrected error, one fit a strength."""
+    A prior strength of 'cv' is chosen by the error of runs held out (`_chosen_prior_fit`)."""
     base = prefit_profile(profile)
     workers = min(len(runs), jobs if jobs > 0 else os.cpu_count() or 1)
     scores: dict[float, float] = {}
     started = time.monotonic()
-    models = [r.workload.arch.name for r in runs]
-    by_model = prior == "cv" and MIN_RUNS_FOR_CV <= len(runs) <= MAX_RUNS_HELD_OUT_BY_MODEL and len(set(models)) > 1
-    if by_model:
-        grid = ", ".join(f"{g:g}" for g in PRIOR_GRID_BY_GROUP)
-        progress(f"fitting {len(runs)} runs at prior strengths {grid}, each model's runs held out in turn "
-                 f"({len(set(models))} models), to keep the strength that misses an unseen model least...")
-        note = (f"{data_note}; " if data_note else "") + (
-            f"prior strength chosen from {grid} by the error of each model's runs fitted without them")
-        strength, scores, model = choose_prior_strength_by_group(runs, base, models, estimator=ProfileFit(data_note=note),
-                                                                 jobs=jobs)
-    elif prior == "cv" and len(runs) >= MIN_RUNS_FOR_CV:
-        progress(f"fitting {len(runs)} runs at prior strengths {', '.join(f'{g:g}' for g in PRIOR_GRID)} "
-                 f"on {min(workers, len(PRIOR_GRID))} processes, to keep the one whose runs held out miss least...")
-        note = (f"{data_note}; " if data_note else "") + (
-            f"prior strength chosen from {', '.join(f'{g:g}' for g in PRIOR_GRID)} by the leave-one-out error "
-            "(leverage-corrected residuals)")
-        strength, scores, model = choose_prior_strength(runs, base, estimator=ProfileFit(data_note=note), jobs=jobs)
+    if prior == "cv" and len(runs) >= MIN_RUNS_FOR_CV:
+        strength, scores, model = _chosen_prior_fit(runs, base, data_note, jobs, workers, progress)
     else:
         strength = ProfileFit().prior_strength if prior == "cv" else float(prior)
         progress(f"fitting {len(runs)} runs...")
@@ -110,6 +95,30 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
         progress(f"no band: {len(held)} runs held out are too few to bound {band.level:.0%} of new runs")
         band = None
     return Refit(model, base, strength, scores, held, report, band)
+
+
+def _chosen_prior_fit(runs: list[MeasuredRun], base: HardwareProfile, data_note: str, jobs: int, workers: int,
+                      progress: Callable[[str], None]) -> tuple[float, dict[float, float], ProfileFit]:
+    """The prior strength whose runs held out miss least, its scores and its fit. Few runs of several models
+    hold each model out whole (a fit no unseen model gains from is not applied); more runs, or runs of one
+    model, are held out one by one through the one fit's leverage."""
+    models = [r.workload.arch.name for r in runs]
+    by_model = len(runs) <= MAX_RUNS_HELD_OUT_BY_MODEL and len(set(models)) > 1
+    grid = PRIOR_GRID_BY_GROUP if by_model else PRIOR_GRID
+    listed = ", ".join(f"{g:g}" for g in grid)
+    if by_model:
+        how = (f"each model's runs held out in turn ({len(set(models))} models), to keep the strength that misses "
+               "an unseen model least")
+        chosen_by = "the error of each model's runs fitted without them"
+    else:
+        how = f"on {min(workers, len(grid))} processes, to keep the one whose runs held out miss least"
+        chosen_by = "the leave-one-out error (leverage-corrected residuals)"
+    progress(f"fitting {len(runs)} runs at prior strengths {listed}, {how}...")
+    estimator = ProfileFit(data_note=(f"{data_note}; " if data_note else "")
+                           + f"prior strength chosen from {listed} by {chosen_by}")
+    if by_model:
+        return choose_prior_strength_by_group(runs, base, models, estimator=estimator, jobs=jobs)
+    return choose_prior_strength(runs, base, estimator=estimator, jobs=jobs)
 
 
 def to_stderr(message: str) -> None:

@@ -70,20 +70,17 @@ def candidate_from_strategy(model: str, seq_len: int, strategy: dict, images: in
                             loss_dtype: str = "fp32") -> Candidate:
     """A candidate for a Strategy, its DeepSpeed config written by models.ds_config."""
     from models.architecture import load_architecture
-    from models.ds_config import to_ds_config
     from models.strategy import Strategy, static_reasons
 
     arch = load_architecture(model)
     _check_workload(arch, seq_len, images, frames, image_size, loss_dtype)
-    freeze_vision = freeze_vision and arch.vision is not None
     s = Strategy(**strategy)
     reasons = static_reasons(s, arch)
     if reasons:  # named by the file and line: a strategy of the wrong types has no label
         raise SweepFileError("; ".join(reasons))
-    return Candidate(model=model, seq_len=seq_len, ds_config=to_ds_config(s, arch), gpus=s.gpus, sp=s.sp,
-                     checkpoint_every=s.checkpoint_every, images=images, frames=frames, image_size=image_size,
-                     freeze_vision=freeze_vision, strategy=asdict(s), label=label or s.label(),
-                     loss_dtype=loss_dtype)
+    return Candidate.from_strategy(model, seq_len, s, arch, label, images=images, frames=frames,
+                                   image_size=image_size, freeze_vision=freeze_vision and arch.vision is not None,
+                                   loss_dtype=loss_dtype)
 
 
 def _check_sweep_line(spec) -> None:

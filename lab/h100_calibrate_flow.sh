@@ -8,14 +8,8 @@ set -u
 budget=$1; shift
 end=$(( $(date +%s) + budget ))
 OUT=${OUT:-out}; STATE=/tmp/state; mkdir -p "$OUT" "$STATE"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 DS_SKIP_CUDA_CHECK=1 TORCH_CUDA_ARCH_LIST=9.0
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TORCH_EXTENSIONS_DIR=$STATE/torch_extensions
-[ -f "$STATE/machine.txt" ] || { date -u; nproc; lscpu | grep -E "Model name|Socket|NUMA node\(s\)"; free -g | head -2;
-  nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu,power.draw --format=csv;
-  python3 -c 'import torch, deepspeed, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda); print("deepspeed", deepspeed.__version__); print("threads", torch.get_num_threads())'; } > "$STATE/machine.txt" 2>&1
-head -n 14 "$STATE/machine.txt"
+source lab/device_setup.sh "$STATE/machine.txt" || exit 1
+export TORCH_EXTENSIONS_DIR=$STATE/torch_extensions  # DeepSpeed's built ops, kept while the machine stays warm
 # A fresh machine goes on from a calibration made on an earlier one: CALIBRATED=path/in/the/tree.json
 [ -n "${CALIBRATED:-}" ] && [ ! -f "$STATE/h100-calibrated.json" ] && cp "$CALIBRATED" "$STATE/h100-calibrated.json" && touch "$STATE/calibrate.done"
 left() { echo $(( end - $(date +%s) - 20 )); }

@@ -233,6 +233,16 @@ class Candidate:
         if self.images and self.frames:
             raise ValueError("give images or frames, not both")
 
+    @classmethod
+    def from_strategy(cls, model: str, seq_len: int, strategy, arch, label: str = "", **workload) -> "Candidate":
+        """The run of a models.strategy.Strategy on `arch`, its DeepSpeed config written by models.ds_config
+        (the one way a strategy becomes a run: `advisor validate` and the calibration's steps both use it)."""
+        from models.ds_config import to_ds_config
+
+        return cls(model=model, seq_len=seq_len, ds_config=to_ds_config(strategy, arch), gpus=strategy.gpus,
+                   sp=strategy.sp, checkpoint_every=strategy.checkpoint_every, strategy=asdict(strategy),
+                   label=label or strategy.label(), **workload)
+
     @property
     def zero_stage(self) -> int:
         return int(self.ds_config.get("zero_optimization", {}).get("stage", 0))

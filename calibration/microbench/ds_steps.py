@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from calibration.microbench.common import BenchContext, BenchItem, Skip
@@ -66,17 +66,14 @@ def window(cpu: bool):
 def candidate(case: StepCase, threads: int, cpu: bool):
     """The case as a run: a Candidate whose ds_config models.ds_config writes, as validate does."""
     from models.architecture import load_architecture
-    from models.ds_config import to_ds_config
     from models.strategy import Strategy
     from runs.record import Candidate
 
     model = CPU_MODEL if cpu else MODEL
-    seq = 128 if cpu else case.seq
     s = Strategy(**{"gpus": 1, "gpus_per_node": 1, "micro_batch": 1, "grad_accum": 1, "checkpoint_every": 0,
                     "cpu_threads_per_rank": threads, **case.strategy})
-    return Candidate(model=model, seq_len=seq, ds_config=to_ds_config(s, load_architecture(model)), gpus=1,
-                     sp=s.sp, checkpoint_every=s.checkpoint_every, strategy=asdict(s),
-                     label=f"calibration step {case.name}: {s.label()}")
+    return Candidate.from_strategy(model, 128 if cpu else case.seq, s, load_architecture(model),
+                                   f"calibration step {case.name}: {s.label()}")
 
 
 def bench_step(ctx: BenchContext, case: StepCase) -> dict:
