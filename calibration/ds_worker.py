@@ -3,17 +3,9 @@
 Why a process of its own, and one for the whole calibration: a DeepSpeed engine wants its own
 process group, and importing DeepSpeed, starting that group and loading the CPU optimizer's op cost
 about ten seconds. A process per step (as `advisor validate` runs them) spent some 64 s of wall
-time per short step on one lent H100, mostly start-up; one worker pays it once.
-
-Each request runs in a child forked from the worker for it: the worker imports torch and DeepSpeed
-but never touches the GPU, so the child starts with what is slow to load already loaded and nothing
-that an earlier request left behind. Serving every request in one process left ZeRO-3's engines
-alive after `destroy()` (10.8 GiB of GPU memory after the hook benchmark on one lent H100, held by
-C++), `deepspeed.zero.Init`'s `linear` in place of torch's, and SuperOffload's CPU-optimizer
-processes; a forked step's GPU memory is its own, and what it started ends with it. Where the worker
-cannot fork (no `os.fork`, a GPU already initialized, or `ADVISOR_WORKER_FORK=0`), it serves each
-request itself and undoes what it can between them: torch's `linear` put back, the GPU cache emptied;
-its steps are marked as sharing a process (their memory is not theirs).
+time per short step on one lent H100, mostly start-up; one worker pays it once. What a step leaves
+behind in this process is undone between requests: the GPU cache is emptied, and torch's own
+`linear` is put back where `deepspeed.zero.Init` replaced it for good.
 
 The calibration (`DeepSpeedWorker`) sends one JSON request a line on the worker's stdin and reads
 one reply a line from its stdout, marked with `REPLY_MARK` (DeepSpeed prints its own lines there).
@@ -22,7 +14,7 @@ optimizers' ops: begun at the calibration's start, so the builds run beside the 
 `{"op": "zero3_hooks", "preset": NAME}` (calibration.microbench.zero3_hooks.measure) and
 `{"op": "step", "argv": [...]}` (calibration.harness.train's arguments: one short real run). A reply
 is `{"ok": true, "data": {...}}` or `{"ok": false, "error": "..."}`. A worker that dies or overruns
-is killed with all it started; the next request starts another.
+is killed; the next request starts another.
 
     python -m calibration.ds_worker        (started by DeepSpeedWorker, not by people)
 """
@@ -41,10 +33,6 @@ import traceback
 from pathlib import Path
 
 REPLY_MARK = "@@calibration-worker@@ "
-FORK_ENV = "ADVISOR_WORKER_FORK"  # "0": serve every request in the worker itself
-FORKED_NOTE = ("ran in a process of its own, forked for it from the calibration's DeepSpeed worker (torch and "
-               "DeepSpeed imported, no GPU state)")
-OPS_BUILD_TIMEOUT_S = 1800.0
 
 
 class WorkerError(RuntimeError):
@@ -113,9 +101,7 @@ class DeepSpeedWorker:
 
     def _started(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            # torch's NVML-based availability check: a CUDA runtime started in the worker would make the
-            # children it forks fail
-            env = {**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1", **self._env, "MASTER_PORT": str(_free_port())}
+            env = {**os.environ, **self._env, "MASTER_PORT": str(_free_port())}
             # its own session: a kill takes SuperOffload's CPU-optimizer workers with it
             self._proc = subprocess.Popen([self._python, "-m", "calibration.ds_worker"], env=env, text=True,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
@@ -184,61 +170,34 @@ def _request_scope():
             torch.cuda.empty_cache()
 
 
-def _step(argv: list[str], forked: bool) -> dict:
-    from dataclasses import replace
-
+def _step(argv: list[str]) -> dict:
     from calibration.harness.measure import HostMemoryPeak
     from calibration.harness.train import Timeline, parse_args, train
 
-    result = train(parse_args(argv), HostMemoryPeak(), Timeline(since_now=True), own_process=forked)
-    if forked:
-        result = replace(result, config_adjustments=[*result.config_adjustments, FORKED_NOTE])
+    result = train(parse_args(argv), HostMemoryPeak(), Timeline(since_now=True), own_process=False)
     return result.to_dict()
 
 
-def load_ops() -> dict:
-    """The optimizers' ops loaded, each built at its first use (JIT): CPUAdam and FusedAdam."""
-    from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
-
-    ops = {}
-    # FusedAdam too: the first GPU-resident step built it for 40 s of its 48 on a lent H100
-    for key, builder in (("cpu_adam_op", CPUAdamBuilder), ("fused_adam_op", FusedAdamBuilder)):
-        try:
-            builder().load()
-            ops[key] = "loaded"
-        except Exception as exc:  # noqa: BLE001 - the step that needs it reports its own failure
-            ops[key] = f"failed: {type(exc).__name__}: {exc}"[:300]
-    return ops
-
-
-def _ops_built_apart() -> dict:
-    """`load_ops` in a process of its own, so that the worker, which forks, never starts a CUDA runtime
-    (a build queries the GPU's architecture); the children then load the built ops from the cache."""
-    done = subprocess.run([sys.executable, "-c", "import json; from calibration.ds_worker import load_ops; "
-                           f"print({REPLY_MARK!r} + json.dumps(load_ops()))"],
-                          capture_output=True, text=True, timeout=OPS_BUILD_TIMEOUT_S)
-    marked = [ln for ln in done.stdout.splitlines() if ln.startswith(REPLY_MARK)]
-    if not marked:
-        last = [ln for ln in done.stderr.splitlines() if ln.strip()]
-        reason = f"failed: the build exited {done.returncode}: {last[-1] if last else 'no output'}"[:300]
-        return {"cpu_adam_op": reason, "fused_adam_op": reason}
-    return json.loads(marked[-1][len(REPLY_MARK):])
-
-
-def _warm(build_ops: bool, forking: bool) -> dict:
-    """DeepSpeed imported and (on a GPU) the optimizers' ops built: JIT builds that would otherwise fall
-    inside the first steps. A worker that forks starts no process group (each child does)."""
+def _warm(build_ops: bool) -> dict:
+    """DeepSpeed imported, its one-rank group started, and (on a GPU) the optimizers' ops loaded, built at
+    first use: JIT builds that would otherwise fall inside the first steps."""
     started = time.perf_counter()
     import deepspeed
     import torch
 
-    if not forking:
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     ops = {"cpu_adam_op": "not asked for", "fused_adam_op": "not asked for"}
     if build_ops:
-        ops = _ops_built_apart() if forking else load_ops()
-    return {"ran": True, "deepspeed": deepspeed.__version__, **ops, "forks": forking,
-            "time_s": time.perf_counter() - started}
+        from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder
+
+        # FusedAdam too: the first GPU-resident step built it for 40 s of its 48 on a lent H100
+        for key, builder in (("cpu_adam_op", CPUAdamBuilder), ("fused_adam_op", FusedAdamBuilder)):
+            try:
+                builder().load()
+                ops[key] = "loaded"
+            except Exception as exc:  # noqa: BLE001 - the step that needs it reports its own failure
+                ops[key] = f"failed: {type(exc).__name__}: {exc}"[:300]
+    return {"ran": True, "deepspeed": deepspeed.__version__, **ops, "time_s": time.perf_counter() - started}
 
 
 def _zero3_hooks(preset: str) -> dict:
@@ -247,95 +206,31 @@ def _zero3_hooks(preset: str) -> dict:
     return measure(preset)
 
 
-def _handle(message: dict, forked: bool) -> dict:
+def _handle(message: dict) -> dict:
     op = message.get("op")
+    if op == "warm":
+        return _warm(bool(message.get("build_ops")))
     with _request_scope():
         if op == "step":
-            return _step(list(message["argv"]), forked)
+            return _step(list(message["argv"]))
         if op == "zero3_hooks":
             return _zero3_hooks(str(message["preset"]))
     raise ValueError(f"unknown request {op!r}")
-
-
-def _reply(message: dict, forking: bool, forked: bool = False) -> dict:
-    try:
-        if message.get("op") == "warm":
-            return {"ok": True, "data": _warm(bool(message.get("build_ops")), forking)}
-        return {"ok": True, "data": _handle(message, forked)}
-    except Exception as exc:  # noqa: BLE001 - every failure is the request's reply
-        traceback.print_exc()
-        text = str(exc).strip().splitlines()
-        return {"ok": False, "error": f"{type(exc).__name__}: {text[0] if text else ''}"[:500]}
-
-
-def _can_fork() -> bool:
-    """Whether a child forked now starts clean: fork exists, is not switched off, and no CUDA runtime runs
-    here (a child of a process that started one cannot use the GPU)."""
-    if not hasattr(os, "fork") or os.environ.get(FORK_ENV, "1") == "0":
-        return False
-    torch = sys.modules.get("torch")
-    return torch is None or not torch.cuda.is_initialized()
-
-
-def _in_child(message: dict) -> dict:
-    """`message` served by a child forked for it; everything the child started is ended after it."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its own process group for DeepSpeed, its reply down the pipe, then gone
-        os.close(read_fd)
-        os.environ["MASTER_PORT"] = str(_free_port())
-        reply = _reply(message, forking=False, forked=True)
-        with os.fdopen(write_fd, "w") as pipe:
-            pipe.write(json.dumps(reply))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd) as pipe:
-        text = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    _end_orphans()
-    if text:
-        return json.loads(text)
-    return {"ok": False, "error": f"the request's process ended without a reply (wait status {status})"}
-
-
-def _adopt_orphans() -> None:
-    """Become the parent of what a child leaves running (Linux's child subreaper), so `_end_orphans` finds it."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-
-
-def _end_orphans() -> None:
-    """Kills what a finished child left behind (SuperOffload's CPU-optimizer processes)."""
-    import psutil
-
-    left = psutil.Process().children(recursive=True)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(left, timeout=10)
 
 
 def serve() -> int:
     import logging
 
     logging.disable(logging.WARNING)  # DeepSpeed's info lines; replies are marked anyway
-    _adopt_orphans()
-    forking = _can_fork()
     for line in sys.stdin:
         if not line.strip():
             continue
-        message = json.loads(line)
-        forking = forking and _can_fork()
-        if message.get("op") != "warm" and forking:
-            reply = _in_child(message)
-        else:
-            reply = _reply(message, forking)
+        try:
+            reply = {"ok": True, "data": _handle(json.loads(line))}
+        except Exception as exc:  # noqa: BLE001 - every failure is the request's reply
+            traceback.print_exc()
+            text = str(exc).strip().splitlines()
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {text[0] if text else ''}"[:500]}
         sys.stdout.write(REPLY_MARK + json.dumps(reply) + "\n")
         sys.stdout.flush()
     _leave_group()

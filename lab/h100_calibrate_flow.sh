@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
 # The new-cluster flow as a user runs it, on a lent one-H100 machine, each step timed:
-#   compare              lab/worker_fork_compare.py: the worker's steps served in it and forked (ops built apart)
 #   calibrate            advisor calibrate --gpus 1 (real DeepSpeed steps inside), no --fill-from
 #   flow:NAME:MODEL:SEQ:GLOBAL_BATCH  advisor recommend --validate 3 on the calibrated profile ("refit" in NAME adds --refit)
 # State lives in /tmp/state on the machine (kept while it stays warm); every result is copied to $OUT.
@@ -17,14 +16,6 @@ left() { echo $(( end - $(date +%s) - 20 )); }
 for step in "$@"; do
   [ "$(left)" -gt 45 ] || { echo "skipped $step: the budget is spent"; continue; }
   case $step in
-    compare)
-      [ -f "$STATE/compare.done" ] && continue
-      start=$(date +%s)
-      TORCH_EXTENSIONS_DIR=$STATE/ext-compare timeout "$(left)" python3 lab/worker_fork_compare.py \
-        "$STATE/worker-fork-compare.jsonl" >> "$STATE/compare.log" 2>&1
-      rc=$?; echo "compare: rc $rc after $(( $(date +%s) - start )) s" | tee -a "$STATE/times.txt"
-      grep -v "^\[" "$STATE/compare.log" | tail -n 12
-      [ $rc -eq 0 ] && touch "$STATE/compare.done" ;;
     calibrate)
       [ -f "$STATE/calibrate.done" ] && continue
       start=$(date +%s)
@@ -46,7 +37,7 @@ for step in "$@"; do
       [ $rc -eq 0 ] && touch "$STATE/$name.done" ;;
   esac
 done
-for f in machine.txt times.txt compare.log worker-fork-compare.jsonl calibrate.log h100-calibrated.json h100-calibrated.raw.jsonl runs.db; do
+for f in machine.txt times.txt calibrate.log h100-calibrated.json h100-calibrated.raw.jsonl runs.db; do
   [ -f "$STATE/$f" ] && cp "$STATE/$f" "$OUT/"
 done
 cp "$STATE"/flow*.json "$STATE"/flow*.log "$STATE"/h100-calibrated.refit-*.json "$OUT/" 2>/dev/null

@@ -1,12 +1,9 @@
-"""The calibration's DeepSpeed worker: one long-lived process whose requests each run in a child forked for
-them (or, where it cannot fork, in the worker itself, the steps then marked as sharing a process), its
-failures said in one line, and nothing a request started left running."""
+"""The calibration's DeepSpeed worker: one process for the engines, its failures said in one line, and
+the steps it runs marked as sharing a process (their memory is not theirs)."""
 from __future__ import annotations
 
-import json
 import os
 import stat
-import subprocess
 import sys
 import time
 
@@ -14,42 +11,30 @@ import pytest
 import torch
 
 from calibration.calibrate import _worker
-from calibration.ds_worker import FORK_ENV, FORKED_NOTE, DeepSpeedWorker, WorkerError, _request_scope
+from calibration.ds_worker import DeepSpeedWorker, WorkerError, _request_scope
 from calibration.microbench import ds_steps
 from calibration.microbench.common import BenchContext, sizes_for
 from runs.measured import to_measured_run
 from runs.record import Candidate, RunRecord, RunResult
 
 
-def _two_steps(fork: bool):
-    """A z0 and a z3 CPU-path step, one after the other in one worker, and the worker's process id each time."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(FORK_ENV, "1" if fork else "0")
-        ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
-        ctx.worker = _worker(ctx)
-        try:
-            z0 = ds_steps.bench_step(ctx, next(c for c in ds_steps.CASES if c.name == "z0"))
-            pid_after_z0 = ctx.worker._proc.pid
-            z3 = ds_steps.bench_step(ctx, next(c for c in ds_steps.CASES if c.name == "z3"))
-            pid_after_z3 = ctx.worker._proc.pid
-        finally:
-            ctx.worker.close()
+@pytest.fixture(scope="module")
+def cpu_steps():
+    """Two CPU-path steps run one after the other in one worker, and the worker's process id each time."""
+    ctx = BenchContext(device=torch.device("cpu"), sizes=sizes_for(True, True))
+    ctx.worker = _worker(ctx)
+    try:
+        z0 = ds_steps.bench_step(ctx, next(c for c in ds_steps.CASES if c.name == "z0"))
+        pid_after_z0 = ctx.worker._proc.pid
+        z3 = ds_steps.bench_step(ctx, next(c for c in ds_steps.CASES if c.name == "z3"))
+        pid_after_z3 = ctx.worker._proc.pid
+    finally:
+        ctx.worker.close()
     return z0, z3, pid_after_z0, pid_after_z3
 
 
-@pytest.fixture(scope="module")
-def forked_steps():
-    return _two_steps(fork=True)
-
-
-@pytest.fixture(scope="module")
-def shared_steps():
-    return _two_steps(fork=False)
-
-
-@pytest.mark.parametrize("steps", ["forked_steps", "shared_steps"])
-def test_the_steps_run_from_one_long_lived_worker_and_record_as_runs(steps, request):
-    z0, z3, pid0, pid3 = request.getfixturevalue(steps)
+def test_the_steps_run_in_one_long_lived_process_and_record_as_runs(cpu_steps):
+    z0, z3, pid0, pid3 = cpu_steps
     assert pid0 == pid3  # DeepSpeed's start-up paid once
     for row, stage in ((z0, 0), (z3, 3)):
         result = RunResult.from_dict(row["result"])
@@ -58,55 +43,13 @@ def test_the_steps_run_from_one_long_lived_worker_and_record_as_runs(steps, requ
         assert Candidate(**row["candidate"]).strategy["cpu_threads_per_rank"] == 1  # the CPU path's issue threads
 
 
-def test_a_forked_step_s_memory_is_its_own(forked_steps):
-    z0 = forked_steps[0]
-    record = RunRecord.now(Candidate(**z0["candidate"]), RunResult.from_dict(z0["result"]))
-    assert not record.result.shared_process and FORKED_NOTE in record.result.config_adjustments
-    assert to_measured_run(record).peak_host_mem_gib is not None
-
-
-def test_a_step_that_shared_its_process_gives_the_fit_no_memory(shared_steps):
-    z0 = shared_steps[0]
+def test_a_step_that_shared_its_process_gives_the_fit_no_memory(cpu_steps):
+    z0 = cpu_steps[0]
     record = RunRecord.now(Candidate(**z0["candidate"]), RunResult.from_dict(z0["result"]))
     assert record.result.shared_process
     run = to_measured_run(record)
     assert run.step_time_s > 0
     assert (run.peak_gpu_mem_gib, run.peak_gpu_reserved_gib, run.peak_host_mem_gib) == (None, None, None)
-
-
-# The worker's side of a forked request, with the request's work replaced: run in a process of its own,
-# since the worker adopts and ends every process its children leave (pytest's would go too).
-_FORKED_REQUEST = """
-import json, os, subprocess, sys
-from calibration import ds_worker
-def leave_a_process(message, forked):
-    return {"pid": subprocess.Popen(["sleep", "300"]).pid, "forked": forked}
-def die(message, forked):
-    os._exit(7)
-ds_worker._handle = {"leave": leave_a_process, "die": die}[sys.argv[1]]
-ds_worker._adopt_orphans()
-reply = ds_worker._in_child({"op": "anything"})
-pid = (reply.get("data") or {}).get("pid")
-print(json.dumps({"reply": reply, "left_alive": pid is not None and os.path.exists(f"/proc/{pid}")}))
-"""
-
-
-def _forked_request(work: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", _FORKED_REQUEST, work], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_a_forked_request_runs_in_a_child_and_what_it_started_ends_with_it():
-    """SuperOffload's CPU-optimizer processes outlived the request that started them in a shared worker."""
-    out = _forked_request("leave")
-    assert out["reply"]["ok"] and out["reply"]["data"]["forked"]
-    assert not out["left_alive"]
-
-
-def test_a_child_that_dies_without_a_reply_is_the_request_s_one_line_error():
-    out = _forked_request("die")
-    assert out["reply"] == {"ok": False, "error": "the request's process ended without a reply (wait status 1792)"}
 
 
 def test_a_request_leaves_torch_s_own_linear_behind():
