@@ -89,6 +89,17 @@ def test_measured_cpu_power_is_used_when_a_sensor_read_it():
     assert p.power.cpu.idle.value == 90.0 and p.power.cpu.optimizer.value == 240.0
 
 
+def test_a_phase_read_past_the_power_limit_or_below_idle_is_taken_at_the_bound_and_says_so():
+    """A lent H100 read 702 W over a 3-s overlap window at its 700 W limit, and its profile failed to write."""
+    results = gpu_results()
+    for phase, w in (("overlap", 702.0), ("wait", 75.0)):
+        results[f"power/{phase}"] = rr(f"power/{phase}", "power", dict(results[f"power/{phase}"].data, gpu_power_w=w))
+    p = parse_profile(build(results))
+    assert p.power.gpu.overlap.value == 700.0 and "read 702.0 W, above the enforced limit" in p.power.gpu.overlap.source
+    assert p.power.gpu.wait.value == 81.0 and "read 75.0 W, below the idle window's" in p.power.gpu.wait.source
+    assert p.power.gpu.compute.value == 690.0 and "taken at" not in p.power.gpu.compute.source
+
+
 def test_failed_family_is_an_error_naming_it_not_a_made_up_number():
     results = gpu_results()
     for k in [k for k in results if k.startswith("gemm/")]:
