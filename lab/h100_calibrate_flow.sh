@@ -2,6 +2,7 @@
 # The new-cluster flow as a user runs it, on a lent one-H100 machine, each step timed:
 #   calibrate            advisor calibrate --gpus 1 (real DeepSpeed steps inside), no --fill-from
 #   flow:NAME:MODEL:SEQ:GLOBAL_BATCH  advisor recommend --validate 3 on the calibrated profile ("refit" in NAME adds --refit)
+#   sweep:FILE:PROFILE   advisor validate --sweep FILE, each run predicted by PROFILE first (a shipped name or a path)
 # State lives in /tmp/state on the machine (kept while it stays warm); every result is copied to $OUT.
 #   bash lab/h100_calibrate_flow.sh BUDGET_S STEP [STEP ...]
 set -u
@@ -35,11 +36,21 @@ for step in "$@"; do
       rc=$?; echo "$name ($model $seq gb $batch $refit): rc $rc after $(( $(date +%s) - start )) s" | tee -a "$STATE/times.txt"
       tail -n 15 "$STATE/$name.log"
       [ $rc -eq 0 ] && touch "$STATE/$name.done" ;;
+    sweep:*)
+      spec=${step#sweep:}; sweep=${spec%%:*}; profile=${spec#*:}; name=$(basename "$sweep" .jsonl)
+      [ -f "$STATE/$name.done" ] && continue
+      start=$(date +%s)
+      python3 -m advisor.cli validate --sweep "$sweep" --profile "$profile" --store "$STATE/runs.db" \
+        --jsonl "$STATE/$name.runs.jsonl" --workdir "$STATE/$name" --budget "$(left)" --timeout 300 \
+        --steps 3 --min-window-s 4 --precision 0 > "$STATE/$name.log" 2>&1
+      rc=$?; echo "sweep $name: rc $rc after $(( $(date +%s) - start )) s" | tee -a "$STATE/times.txt"
+      tail -n 25 "$STATE/$name.log"
+      [ $rc -eq 0 ] && touch "$STATE/$name.done" ;;
   esac
 done
 for f in machine.txt times.txt calibrate.log h100-calibrated.json h100-calibrated.raw.jsonl runs.db; do
   [ -f "$STATE/$f" ] && cp "$STATE/$f" "$OUT/"
 done
-cp "$STATE"/flow*.json "$STATE"/flow*.log "$STATE"/h100-calibrated.refit-*.json "$OUT/" 2>/dev/null
+cp "$STATE"/flow*.json "$STATE"/flow*.log "$STATE"/h100-calibrated.refit-*.json "$STATE"/*.runs.jsonl "$STATE"/h100-x1-*.log "$OUT/" 2>/dev/null
 [ -d "$STATE/runs" ] && { mkdir -p "$OUT/runs"; find "$STATE/runs" -name '*.json' -size -2M -exec cp --parents {} "$OUT/runs/" \; ; }
 ls -la "$OUT"
