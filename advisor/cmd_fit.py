@@ -127,7 +127,8 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, exact, prior_text,
         click.echo(json.dumps({
             "profile_out": str(out), "base_profile": base.describe(), "runs": _runs_summary(run_set),
             "prior_strength": done.prior_strength,
-            "cross_validation": {str(k): v for k, v in done.cv_scores.items()}, "parameters": rows,
+            "cross_validation": {str(k): v for k, v in done.cv_scores.items()},
+            "prior_hurt_models": {str(k): v for k, v in done.prior_hurt.items()}, "parameters": rows,
             "fragmentation": {k: v for k, (v, _) in (model.fragmentation_ or {}).items()},
             "collective_pool_gib": model.collective_pool_[0] if model.collective_pool_ else None,
             "offload_start_pool": model.offload_start_pool_[0] if model.offload_start_pool_ else None,
@@ -142,6 +143,10 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, exact, prior_text,
         click.echo("prior strength by the error of runs held out (mean |log error|): "
                    + ", ".join(f"{k:g}: {v:.3f}" for k, v in done.cv_scores.items())
                    + f"; chose {done.prior_strength:g}")
+        hurt = {k: v for k, v in done.prior_hurt.items() if v}
+        if hurt:
+            click.echo("  not chosen: a model held out came out worse than before the fit under "
+                       + "; ".join(f"{k:g} ({', '.join(v)})" for k, v in hurt.items()))
     for line in run_set.skipped:
         click.echo(f"  unusable: {line}")
     click.echo(_format_parameters(rows, model))

@@ -31,7 +31,8 @@ class Refit:
     model: ProfileFit  # fitted to every run: `model.profile_` is the refined profile
     base: HardwareProfile  # the pre-fit profile it started from
     prior_strength: float
-    cv_scores: dict[float, float]  # prior strength -> mean |log error| of its runs held out (leverage)
+    cv_scores: dict[float, float]  # prior strength -> mean |log error| of its runs held out
+    prior_hurt: dict[float, list[str]]  # prior strength -> the models held out it predicted worse than the pre-fit
     held: list[HeldOutPrediction] | None  # leave-one-out predictions (None when not asked for)
     report: AccuracyReport | None
     band: Band | None  # from the leave-one-out ratios, for `model.profile_`
@@ -65,16 +66,17 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     base = prefit_profile(profile)
     workers = min(len(runs), jobs if jobs > 0 else os.cpu_count() or 1)
     scores: dict[float, float] = {}
+    hurt: dict[float, list[str]] = {}
     started = time.monotonic()
     if prior == "cv" and len(runs) >= MIN_RUNS_FOR_CV:
-        strength, scores, model = _chosen_prior_fit(runs, base, data_note, jobs, workers, progress)
+        strength, scores, model, hurt = _chosen_prior_fit(runs, base, data_note, jobs, workers, progress)
     else:
         strength = ProfileFit().prior_strength if prior == "cv" else float(prior)
         progress(f"fitting {len(runs)} runs...")
         model = ProfileFit(prior_strength=strength, data_note=data_note).fit(runs, base)
     fit_s = time.monotonic() - started
     if not loo:
-        return Refit(model, base, strength, scores, None, None, None)
+        return Refit(model, base, strength, scores, hurt, None, None, None)
     on_fold = _fold_progress(len(runs), progress)
     if folds:
         progress(f"fitted in {fit_s:.0f} s; now {folds} folds held out in turn ({folds} refits on {workers} "
@@ -94,14 +96,15 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     if not np.isfinite(band.step_time_s.high_log):
         progress(f"no band: {len(held)} runs held out are too few to bound {band.level:.0%} of new runs")
         band = None
-    return Refit(model, base, strength, scores, held, report, band)
+    return Refit(model, base, strength, scores, hurt, held, report, band)
 
 
 def _chosen_prior_fit(runs: list[MeasuredRun], base: HardwareProfile, data_note: str, jobs: int, workers: int,
-                      progress: Callable[[str], None]) -> tuple[float, dict[float, float], ProfileFit]:
-    """The prior strength whose runs held out miss least, its scores and its fit. Few runs of several models
-    hold each model out whole (a fit no unseen model gains from is not applied); more runs, or runs of one
-    model, are held out one by one through the one fit's leverage."""
+                      progress: Callable[[str], None]) -> tuple[float, dict[float, float], ProfileFit, dict]:
+    """The prior strength whose runs held out miss least, its scores, its fit and the models each strength
+    hurt. Few runs of several models hold each model out whole, and a strength that predicts some model
+    worse than the pre-fit profile is not chosen; more runs, or runs of one model, are held out one by one
+    through the one fit's leverage (no model is judged apart there)."""
     models = [r.workload.arch.name for r in runs]
     by_model = len(runs) <= MAX_RUNS_HELD_OUT_BY_MODEL and len(set(models)) > 1
     grid = PRIOR_GRID_BY_GROUP if by_model else PRIOR_GRID
@@ -109,7 +112,8 @@ def _chosen_prior_fit(runs: list[MeasuredRun], base: HardwareProfile, data_note:
     if by_model:
         how = (f"each model's runs held out in turn ({len(set(models))} models), to keep the strength that misses "
                "an unseen model least")
-        chosen_by = "the error of each model's runs fitted without them"
+        chosen_by = ("the error of each model's runs fitted without them, among the strengths that predict no "
+                     "model worse than before the fit")
     else:
         how = f"on {min(workers, len(grid))} processes, to keep the one whose runs held out miss least"
         chosen_by = "the leave-one-out error (leverage-corrected residuals)"
@@ -118,7 +122,7 @@ def _chosen_prior_fit(runs: list[MeasuredRun], base: HardwareProfile, data_note:
                            + f"prior strength chosen from {listed} by {chosen_by}")
     if by_model:
         return choose_prior_strength_by_group(runs, base, models, estimator=estimator, jobs=jobs)
-    return choose_prior_strength(runs, base, estimator=estimator, jobs=jobs)
+    return (*choose_prior_strength(runs, base, estimator=estimator, jobs=jobs), {})
 
 
 def to_stderr(message: str) -> None:
