@@ -10,7 +10,9 @@ the steps fitted again; the prior chosen by holding each model out), a calibrati
 the shipped h100. Run sets (data/runs/h100): the seven short steps and seven held-out runs of the first
 lease (each its own process), the flow's runs (predicted before they ran by the calibration with steps),
 and five settings none of those had (ZeRO-3 offload at 3B, SuperOffload; predicted before they ran). A
-profile fitted to a set is marked in-sample there. Errors are 100 (predicted - measured) / measured.
+profile fitted to a set is marked in-sample there. Profiles written before ZeRO-3's offload walk went per
+tensor (2026-12-06) read it as not fitted (models.profile.Overheads): "as written" is today's model on their
+other constants; "fitted again" fits their steps again with today's code. Errors are 100 (predicted - measured) / measured.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ PROFILES = {
     "calibrated with steps (fitted again)": CAL / "h100-steps-calibrated-refit-2026-12-06.json",
     "flow --refit (as written)": CAL / "h100-steps-calibrated-flow-refit-2026-12-06.json",
     "flow --refit (again, prior by model)": CAL / "h100-steps-calibrated-flow-refit-again-2026-12-06.json",
-    "third lease's calibration": CAL / "h100-steps-calibrated-lease3-2026-12-06.json",
+    "third lease's calibration (as written)": CAL / "h100-steps-calibrated-lease3-2026-12-06.json",
+    "third lease's calibration (fitted again)": CAL / "h100-steps-calibrated-lease3-refit-2026-12-06.json",
     "shipped h100": "h100",
 }
 RUN_SETS = {

@@ -26,7 +26,7 @@ REFERENCE_PROFILE = "h200"  # the shipped profile fitted to the most real runs
 
 ISSUE_SCALED_IN_MODEL = ("layer_pass", "zero3_module_pass", "zero12_grad_hook", "zero12_step_per_tensor",
                          "step_per_tensor")
-SCALED_BY_ISSUE = ("step", "micro_step", "offload_step_serial_per_gparam", "zero3_offload_step_per_gparam")
+SCALED_BY_ISSUE = ("step", "micro_step", "offload_step_serial_per_gparam", "zero3_offload_step_per_tensor")
 SCALED_BY_CPU_RATE = ("offload_step_per_gparam", "super_offload_step_per_gparam")
 AS_THEY_ARE = ("zero3_host_serial", "compute_efficiency")
 MEMORY_SHARES = ("fragmentation", "fragmentation_checkpointed", "fragmentation_offload",

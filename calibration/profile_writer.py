@@ -23,7 +23,7 @@ NEUTRAL_OVERHEADS = {  # not this calibration's job: fitted later from short rea
     "zero3_module_pass": (0.0, "s"), "zero12_grad_hook": (0.0, "s"),
     "zero12_step_per_tensor": (0.0, "s"), "step_per_tensor": (0.0, "s"), "zero3_host_serial": (0.0, "fraction"),
     "offload_step_per_gparam": (0.0, "s"), "offload_step_serial_per_gparam": (0.0, "s"),
-    "zero3_offload_step_per_gparam": (0.0, "s"),
+    "zero3_offload_step_per_tensor": (0.0, "s"),
     "super_offload_step_per_gparam": (0.0, "s"), "compute_efficiency": (1.0, "fraction"),
 }
 

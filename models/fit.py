@@ -66,7 +66,7 @@ TIME_PARAMETERS = (
     FitParameter("overheads.zero3_host_serial", 0.0, 1.0, 0.3, "time"),
     FitParameter("overheads.offload_step_per_gparam", 0.0, 10.0, 0.5, "time"),
     FitParameter("overheads.offload_step_serial_per_gparam", 0.0, 10.0, 0.05, "time"),
-    FitParameter("overheads.zero3_offload_step_per_gparam", 0.0, 10.0, 0.05, "time"),
+    FitParameter("overheads.zero3_offload_step_per_tensor", 0.0, 0.01, 1e-4, "time"),
     FitParameter("overheads.super_offload_step_per_gparam", 0.0, 10.0, 0.5, "time"),
     FitParameter("overlap.compute_slowdown_with_collective", 0.0, 1.0, 0.1, "time"),
     FitParameter("overlap.collective_slowdown_with_compute", 0.0, 2.0, 0.3, "time"),

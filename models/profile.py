@@ -395,7 +395,7 @@ class Overheads(_Strict):
     `HostSpec.pass_issue`. A GPU whose work in a pass is shorter than the host's waits for it. The offload terms are per billion parameters
     stepped on the CPU, synchronous and SuperOffload apart, since their code paths differ; the
     synchronous path's `offload_step_serial_per_gparam` is the part that does not speed up with
-    threads (one Python thread), fitted from runs at 1 and 16 threads. `zero3_offload_step_per_gparam` is
+    threads (one Python thread), fitted from runs at 1 and 16 threads. `zero3_offload_step_per_tensor` is
     what ZeRO-3's synchronous offload step adds to that serial part: stage3.py steps its sub-groups and
     walks their parameters one by one in Python, where ZeRO-1/2 step one flat partition (H200, machine BA,
     2026-12-03: the optimizer call of qwen2.5-1.5b 4k took 1.43 s under ZeRO-3 against 0.67 s under ZeRO-2;
@@ -439,7 +439,7 @@ class Overheads(_Strict):
     offload_step_per_gparam: Seconds
     offload_step_serial_per_gparam: Seconds = Quantity(
         value=0.0, unit="s", source="not fitted: no offload runs at several thread counts (neutral value)")
-    zero3_offload_step_per_gparam: Seconds = Quantity(
+    zero3_offload_step_per_tensor: Seconds = Quantity(
         value=0.0, unit="s", source="not fitted: profile written before it was modelled (neutral value)")
     super_offload_step_per_gparam: Seconds
     compute_efficiency: Fraction
@@ -455,9 +455,13 @@ class Overheads(_Strict):
         on reading: `host_sync_per_doubling` (the issue time grown by log2 of the ranks; it fitted to
         0, and `zero3_host_serial` replaced it) and `comm_efficiency` (a scale on the calibrated bus
         bandwidth; 84 runs left it at 1.2 +- 0.6, the fit's bound, and fitting it changed nothing:
-        collectives now run at the calibrated bandwidth)."""
+        collectives now run at the calibrated bandwidth). Profiles written before 2026-12-07 price
+        ZeRO-3's walk over its parameters at the offloaded step per billion parameters
+        (`zero3_offload_step_per_gparam`); it goes per tensor now, so that is dropped too and
+        `zero3_offload_step_per_tensor` reads as not fitted until the profile is fitted again."""
+        dropped = ("host_sync_per_doubling", "comm_efficiency", "zero3_offload_step_per_gparam")
         if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if k not in ("host_sync_per_doubling", "comm_efficiency")}
+            data = {k: v for k, v in data.items() if k not in dropped}
         return data
 
 

@@ -443,14 +443,18 @@ def _deepspeed_overhead_s(workload: Workload, work: MicroStepWork, ps: _Passes, 
     # in the fitted constant, not scaled: SuperOffload on one GPU was not faster than on two.
     # Part of the synchronous path's host work does not speed up with threads (Python, one thread
     # under the GIL): `offload_step_serial_per_gparam`, fitted from the runs at 1 and 16 threads, and
-    # more of it under ZeRO-3 (`zero3_offload_step_per_gparam`: its step walks its sub-groups' parameters).
+    # more of it under ZeRO-3 (`zero3_offload_step_per_tensor`), whose step walks its sub-groups'
+    # parameters one tensor at a time: it goes by tensors, not parameters. Priced per parameter, the
+    # steps of a 0.6B model carried to 3B models a second a step their runs did not take (lent H100,
+    # 2026-12-06).
     fitted_threads = profile.host.default_threads_per_rank(per_node)
     offload_per_gparam = (offload_per_gparam * profile.host.cpu_rate_on_threads(fitted_threads, per_node)
                           / profile.host.cpu_rate_on_threads(cpu_threads(b, profile), per_node))
-    offload_per_gparam = offload_per_gparam + np.where(b.super_offload, 0.0, ov.offload_step_serial_per_gparam.value
-                                                        + np.where(lay.z3, ov.zero3_offload_step_per_gparam.value, 0.0))
+    offload_per_gparam = offload_per_gparam + np.where(b.super_offload, 0.0, ov.offload_step_serial_per_gparam.value)
+    zero3_walk_s = np.where(lay.z3 & ~b.super_offload, ov.zero3_offload_step_per_tensor.value * ps.trainable_tensors, 0.0)
     overhead = ov.step.value + ga * ov.micro_step.value + np.where(
-        lay.optimizer_offload, offload_per_gparam * lay.offload_fraction * lay.trainable_per_rank / 1e9, 0.0)
+        lay.optimizer_offload, lay.offload_fraction * (offload_per_gparam * lay.trainable_per_rank / 1e9 + zero3_walk_s),
+        0.0)
     # A step outside ZeRO-3 and offload visits every trainable tensor on the host, launching tiny
     # kernels one by one (norms, clipping, copies; ZeRO-1/2's overflow check and partition copy
     # besides): host-bound, so it runs at the host's issue speed.
