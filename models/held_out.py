@@ -202,7 +202,8 @@ def choose_prior_strength_by_group(runs: list[MeasuredRun], base_profile: Hardwa
     A strength under which some group held out comes out worse than `base_profile` predicts it (by more than
     `GROUP_GUARD_LOG`) is not chosen, however well it does on average: on 24 H100 runs of eight models the
     weakest prior missed the least on average by moving the offload terms, and priced a 0.5B model's
-    host-bound step 31.6% off where the calibration had 20.7% (a missing structure, not a better constant).
+    host-bound step 31.6% off where the calibration had 20.7% (a missing structure, not a better constant:
+    with ZeRO-3's offload walk priced per tensor, 0.1 averaged least and still hurt that model).
     Where every strength hurts a group, the strongest is taken. Also returned: the groups each strength hurt."""
     settings = (estimator or ProfileFit()).get_params()
     names = sorted(set(groups))
