@@ -206,20 +206,19 @@ def choose_prior_strength_by_group(runs: list[MeasuredRun], base_profile: Hardwa
     with ZeRO-3's offload walk priced per tensor, 0.1 averaged least and still hurt that model).
     Where every strength hurts a group, the strongest is taken. Also returned: the groups each strength hurt."""
     settings = (estimator or ProfileFit()).get_params()
-    names = sorted(set(groups))
-    held = [{i for i, g in enumerate(groups) if g == name} for name in names]
-    tasks = [(s, h) for s in grid for h in held]
+    held = {name: {i for i, g in enumerate(groups) if g == name} for name in sorted(set(groups))}
+    tasks = [(s, name) for s in grid for name in held]
     done = parallel(jobs, len(tasks))(
-        delayed(_held_out_runs)(runs, h, base_profile, {**settings, "prior_strength": s}) for s, h in tasks)
+        delayed(_held_out_runs)(runs, held[name], base_profile, {**settings, "prior_strength": s}) for s, name in tasks)
     scores: dict[float, list[float]] = {s: [] for s in grid}
     by_group: dict[float, dict[str, float]] = {s: {} for s in grid}
-    for (s, h), predictions in zip(tasks, done):
+    for (s, name), predictions in zip(tasks, done):
         errors = _log_errors(predictions.values())
         scores[s].extend(errors)
-        by_group[s][names[held.index(h)]] = float(np.mean(errors))
+        by_group[s][name] = float(np.mean(errors))
     before = {name: float(np.mean(_log_errors(_predicted(runs[i], base_profile) for i in sorted(h))))
-              for name, h in zip(names, held)}
-    hurt = {s: [g for g in names if by_group[s][g] > before[g] + GROUP_GUARD_LOG] for s in grid}
+              for name, h in held.items()}
+    hurt = {s: [g for g in held if by_group[s][g] > before[g] + GROUP_GUARD_LOG] for s in grid}
     mean = {s: float(np.mean(v)) for s, v in scores.items()}
     unhurt = [s for s in grid if not hurt[s]]
     best = min(unhurt, key=mean.get) if unhurt else max(grid)
