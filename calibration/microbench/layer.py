@@ -91,7 +91,7 @@ def bench_layer(ctx: BenchContext, layer: str, tokens: int) -> dict:
 
     arch = architecture(layer, not ctx.is_cuda)
     dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
-    block = DecoderBlock(arch, None).to(ctx.device, dtype)
+    block = ctx.build(lambda: DecoderBlock(arch, None), dtype)
     cos, sin = rope_tables(torch.arange(tokens, device=ctx.device), arch.head_dim)
     x = torch.randn(1, tokens, arch.hidden_size, device=ctx.device, dtype=dtype, requires_grad=True)
     grad = torch.ones(1, tokens, arch.hidden_size, device=ctx.device, dtype=dtype)
@@ -143,7 +143,7 @@ def bench_vision_block(ctx: BenchContext, shape: str, groups: int) -> dict:
     encoder = VisionEncoder(hidden_size=hidden, num_layers=1, num_heads=heads, intermediate_size=ffn, patch_size=14,
                             image_size=448, projector_hidden_size=hidden)
     dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
-    block = VisionBlock(encoder).to(ctx.device, dtype)
+    block = ctx.build(lambda: VisionBlock(encoder), dtype)
     x = torch.randn(groups, patches, hidden, device=ctx.device, dtype=dtype, requires_grad=True)
     grad = torch.ones(groups, patches, hidden, device=ctx.device, dtype=dtype)
 

@@ -85,7 +85,7 @@ def bench_pass_issue(ctx: BenchContext, preset: str) -> dict:
         return {"ran": False}
     arch = architecture(preset, not ctx.is_cuda)
     dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
-    blocks = torch.nn.ModuleList(DecoderBlock(arch, None) for _ in range(LAYERS)).to(ctx.device, dtype)
+    blocks = ctx.build(lambda: torch.nn.ModuleList(DecoderBlock(arch, None) for _ in range(LAYERS)), dtype)
     cos, sin = rope_tables(torch.arange(TOKENS, device=ctx.device), arch.head_dim)
     x = torch.randn(1, TOKENS, arch.hidden_size, device=ctx.device, dtype=dtype, requires_grad=True)
     checkpoint = _checkpoint_fn()

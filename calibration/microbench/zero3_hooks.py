@@ -65,7 +65,8 @@ def _engine(stage: int, arch, device: torch.device):
             with deepspeed.zero.Init(config_dict_or_path=cfg):
                 model = Stack(arch)
         else:
-            model = Stack(arch).to(device)
+            with device:  # initialised where it runs: on the host, one thread, seconds a preset
+                model = Stack(arch)
     finally:
         torch.set_default_dtype(default)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)

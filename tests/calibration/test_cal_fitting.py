@@ -1,4 +1,7 @@
 """Alpha-beta fits and curve building recover what synthetic data was made from."""
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -124,10 +127,32 @@ def _gap_series(hot_w, wait_w, decay_s, gaps_s, noise=0.0, seed=0):
 
 def test_the_wait_decay_is_recovered_from_its_windows():
     from calibration.fitting import fit_wait_decay
+    from calibration.microbench.wait_decay import GAPS_S
 
-    fit = fit_wait_decay(_gap_series(690.0, 125.0, 0.03, (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)), 125.0)
-    assert fit.hot_w == pytest.approx(690.0) and fit.decay_s == pytest.approx(0.03, rel=1e-3) and fit.gaps == 7
-    noisy = fit_wait_decay(_gap_series(690.0, 125.0, 0.03, (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5), noise=0.003), 125.0)
+    gaps = tuple(g for g in GAPS_S if g > 0)  # the sleeps the calibration times
+    fit = fit_wait_decay(_gap_series(690.0, 125.0, 0.03, gaps), 125.0)
+    assert fit.hot_w == pytest.approx(690.0) and fit.decay_s == pytest.approx(0.03, rel=1e-3) and fit.gaps == len(gaps)
+    noisy = fit_wait_decay(_gap_series(690.0, 125.0, 0.03, gaps, noise=0.003), 125.0)
     assert noisy.decay_s == pytest.approx(0.03, rel=0.15)  # the short gaps' noise is weighed down
     with pytest.raises(ValueError, match="at least 3 gap lengths"):
         fit_wait_decay(_gap_series(690.0, 125.0, 0.03, (0.05, 0.1)), 125.0)
+
+
+REPO = Path(__file__).resolve().parents[2]
+STORED_DECAYS = [p for p in sorted((REPO / "data").glob("calibration/**/*.raw.jsonl")) if '"key": "wait_decay"' in p.read_text()]
+
+
+@pytest.mark.parametrize("raw", STORED_DECAYS, ids=lambda p: p.name)
+def test_the_gaps_timed_fit_the_decay_the_stored_calibrations_fitted_from_all_their_gaps(raw):
+    """Calibrations stored before the 5 and 10 ms gaps were dropped timed them too: the gaps timed now
+    must give the same decay from the same windows."""
+    from calibration.fitting import fit_wait_decay
+    from calibration.microbench.wait_decay import GAPS_S
+
+    rows = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    decays = [r["data"]["series"] for r in rows if r.get("key") == "wait_decay" and r.get("status") == "ok"]
+    assert decays
+    for series in decays:
+        every = fit_wait_decay(series, 124.0)
+        timed = fit_wait_decay([s for s in series if s["gap_s"] in GAPS_S], 124.0)
+        assert timed.decay_s == pytest.approx(every.decay_s, rel=0.01)
