@@ -3,16 +3,18 @@ flow produced, against each set of real runs, as is (no refit here).
 
     python benchmarks/new_cluster.py [--json]
 
-Profiles: the calibration without steps (carried overheads), the calibration with its DeepSpeed steps
-as the device wrote it, the same steps fitted again with today's code (lab/refit_calibration_steps.py),
-`recommend --validate --refit` of the flow's runs as the device wrote it and again with today's code (from
-the steps fitted again; the prior chosen by holding each model out), a calibration of a third lease, and
-the shipped h100. Run sets (data/runs/h100): the seven short steps and seven held-out runs of the first
-lease (each its own process), the flow's runs (predicted before they ran by the calibration with steps),
-and five settings none of those had (ZeRO-3 offload at 3B, SuperOffload; predicted before they ran). A
-profile fitted to a set is marked in-sample there. Profiles written before ZeRO-3's offload walk went per
-tensor (2026-12-06) read it as not fitted (models.profile.Overheads): "as written" is today's model on their
-other constants; "fitted again" fits their steps again with today's code. Errors are 100 (predicted - measured) / measured.
+Profiles: the calibration without steps (carried overheads), the calibration with its DeepSpeed steps as the
+device wrote it, the same steps fitted again with today's code (lab/refit_calibration_steps.py), `recommend
+--validate --refit` of the flow's runs as the device wrote it and again with today's code (from the steps
+fitted again; the prior chosen by holding each model out), the calibrations of a third and a fifth lease (the
+fifth's by the code that cut it to 345 s), and the shipped h100. Run sets (data/runs/h100): the seven short
+steps and seven held-out runs of the first lease (each its own process), the flow's runs (predicted before
+they ran by the calibration with steps), five settings none of those had (ZeRO-3 offload at 3B, SuperOffload;
+predicted before they ran), and five more (ZeRO-3 offload at 1.1-4B, SuperOffload at 3B; run on the fifth
+lease after its calibration). A profile fitted to a set is marked in-sample there. Profiles written before
+ZeRO-3's offload walk went per tensor (2026-12-06) read it as not fitted (models.profile.Overheads): "as
+written" is today's model on their other constants; "fitted again" fits their steps again with today's code.
+Errors are 100 (predicted - measured) / measured.
 """
 from __future__ import annotations
 
@@ -40,12 +42,14 @@ PROFILES = {
     "flow --refit (again, prior by model)": CAL / "h100-steps-calibrated-flow-refit-again-2026-12-06.json",
     "third lease's calibration (as written)": CAL / "h100-steps-calibrated-lease3-2026-12-06.json",
     "third lease's calibration (fitted again)": CAL / "h100-steps-calibrated-lease3-refit-2026-12-06.json",
+    "fifth lease's calibration (345 s)": CAL / "h100-steps-calibrated-lease5-2026-12-06.json",
     "shipped h100": "h100",
 }
 RUN_SETS = {
     "first lease (14)": ("h100-x1-calibration-steps-2026-12-06.jsonl", "h100-x1-derived-heldout-2026-12-06.jsonl"),
     "flow (5)": ("h100-x1-flow-2026-12-06.jsonl",),
     "unseen settings (5)": ("h100-x1-unseen-2026-12-06.jsonl",),
+    "unseen settings, second (5)": ("h100-x1-unseen-2-2026-12-06.jsonl",),
 }
 
 

@@ -81,12 +81,12 @@ def test_the_recipe_makes_h100_the_h200_with_its_memory_and_hbm():
 
 
 def test_the_shipped_h100_is_measured_on_one_gpu_and_plans_on_one():
-    """Calibrated on a lent H100 with its DeepSpeed steps and fitted to the 24 runs of three leases there
+    """Calibrated on a lent H100 with its DeepSpeed steps and fitted to the 29 runs of four leases there
     (data/calibration/h100, data/runs/h100): a one-GPU calibration timed no collective, so a plan on two
     GPUs is refused, not priced on a placeholder."""
     from models.term_basis import network_refusal
 
     h100 = load_profile("h100")
     assert h100.provenance.kind == "fitted" and "H100" in h100.provenance.gpu
-    assert h100.gpus_per_node.value == 1 and h100.fit is not None and len(h100.fit.run_ids) == 24
+    assert h100.gpus_per_node.value == 1 and h100.fit is not None and len(h100.fit.run_ids) == 29
     assert network_refusal(h100, 1) is None and network_refusal(h100, 2) is not None
