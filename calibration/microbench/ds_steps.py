@@ -32,7 +32,6 @@ class StepCase:
     name: str
     seq: int
     strategy: dict  # models.strategy.Strategy fields beyond one GPU, micro-batch 1
-    model: str = MODEL
 
 
 # Each informs the overheads of its family (models.fit.TIME_PARAMETERS): ZeRO-0's per-layer and per-tensor
@@ -50,11 +49,8 @@ CASES = (
     StepCase("z3-offload", 4096, {"zero_stage": 3, "offload_optimizer": "cpu", "checkpoint_every": 1}),
     StepCase("z3-offload-param", 4096, {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu",
                                         "checkpoint_every": 1, "cpu_checkpointing": True}),
-    # SuperOffload is timed on a 1.7B model: its step priced per parameter from 0.6B put a 3B step 17% over
-    # what it ran on the H100, from a 1.7B run 7.5% under (docs/MEASUREMENTS.md, 2026-12-06); SuperOffload is
-    # for models that do not fit, so the nearer the bigger ones, the better.
-    StepCase("z3-super", 8192, {"zero_stage": 3, "offload_optimizer": "cpu", "super_offload": True,
-                                "checkpoint_every": 1}, model="qwen3-1.7b"),
+    StepCase("z3-super", 4096, {"zero_stage": 3, "offload_optimizer": "cpu", "super_offload": True,
+                                "checkpoint_every": 1}),
 )
 CPU_CASES = ("z0", "z2-offload", "z3")  # the CPU path: the worker and the records, not the numbers
 
@@ -73,7 +69,7 @@ def candidate(case: StepCase, threads: int, cpu: bool):
     from models.strategy import Strategy
     from runs.record import Candidate
 
-    model = CPU_MODEL if cpu else case.model
+    model = CPU_MODEL if cpu else MODEL
     s = Strategy(**{"gpus": 1, "gpus_per_node": 1, "micro_batch": 1, "grad_accum": 1, "checkpoint_every": 0,
                     "cpu_threads_per_rank": threads, **case.strategy})
     return Candidate.from_strategy(model, 128 if cpu else case.seq, s, load_architecture(model),
