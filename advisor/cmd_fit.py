@@ -128,7 +128,8 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, exact, prior_text,
             "profile_out": str(out), "base_profile": base.describe(), "runs": _runs_summary(run_set),
             "prior_strength": done.prior_strength,
             "cross_validation": {str(k): v for k, v in done.cv_scores.items()},
-            "prior_hurt_models": {str(k): v for k, v in done.prior_hurt.items()}, "parameters": rows,
+            "prior_hurt_models": {str(k): v for k, v in done.prior_hurt.items()},
+            "released_constants": list(done.released), "released_score": done.released_score, "parameters": rows,
             "fragmentation": {k: v for k, (v, _) in (model.fragmentation_ or {}).items()},
             "collective_pool_gib": model.collective_pool_[0] if model.collective_pool_ else None,
             "offload_start_pool": model.offload_start_pool_[0] if model.offload_start_pool_ else None,
@@ -147,6 +148,10 @@ def fit(run_paths, store_path, profile, out_path, loo, folds, exact, prior_text,
         if hurt:
             click.echo("  not chosen: a model held out came out worse than before the fit under "
                        + "; ".join(f"{k:g} ({', '.join(v)})" for k, v in hurt.items()))
+        if done.released:
+            click.echo(f"  fitted at the weakest prior instead, each helping the models held out and hurting none: "
+                       f"{', '.join(done.released)} (mean |log error| {done.cv_scores[done.prior_strength]:.3f} -> "
+                       f"{done.released_score:.3f})")
     for line in run_set.skipped:
         click.echo(f"  unusable: {line}")
     click.echo(_format_parameters(rows, model))

@@ -16,7 +16,7 @@ from models.band import POOL_METRIC, Band
 from models.fit import ProfileFit, prefit_profile
 from models.measured_run import MeasuredRun
 from models.profile import HardwareProfile
-from models.held_out import (PRIOR_GRID, PRIOR_GRID_BY_GROUP, HeldOutPrediction, choose_prior_strength,
+from models.held_out import (PRIOR_GRID, PRIOR_GRID_BY_GROUP, HeldOutPrediction, PriorChoice, choose_prior_strength,
                              choose_prior_strength_by_group, k_fold, leave_one_out, leverage_held_out)
 
 MIN_RUNS_FOR_CV = 4
@@ -33,6 +33,8 @@ class Refit:
     prior_strength: float
     cv_scores: dict[float, float]  # prior strength -> mean |log error| of its runs held out
     prior_hurt: dict[float, list[str]]  # prior strength -> the models held out it predicted worse than the pre-fit
+    released: tuple[str, ...]  # constants fitted at the weakest prior instead (models.held_out.release_constants)
+    released_score: float | None  # the models' held-out mean |log error| with them released
     held: list[HeldOutPrediction] | None  # leave-one-out predictions (None when not asked for)
     report: AccuracyReport | None
     band: Band | None  # from the leave-one-out ratios, for `model.profile_`
@@ -65,18 +67,22 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     A prior strength of 'cv' is chosen by the error of runs held out (`_chosen_prior_fit`)."""
     base = prefit_profile(profile)
     workers = min(len(runs), jobs if jobs > 0 else os.cpu_count() or 1)
-    scores: dict[float, float] = {}
-    hurt: dict[float, list[str]] = {}
     started = time.monotonic()
     if prior == "cv" and len(runs) >= MIN_RUNS_FOR_CV:
-        strength, scores, model, hurt = _chosen_prior_fit(runs, base, data_note, jobs, workers, progress)
+        choice = _chosen_prior_fit(runs, base, data_note, jobs, workers, progress)
     else:
         strength = ProfileFit().prior_strength if prior == "cv" else float(prior)
         progress(f"fitting {len(runs)} runs...")
-        model = ProfileFit(prior_strength=strength, data_note=data_note).fit(runs, base)
+        choice = PriorChoice(strength, {}, ProfileFit(prior_strength=strength, data_note=data_note).fit(runs, base), {})
+    model = choice.fit
     fit_s = time.monotonic() - started
+
+    def done(held, report, band) -> Refit:
+        return Refit(model, base, choice.strength, choice.scores, choice.hurt, choice.released, choice.released_score,
+                     held, report, band)
+
     if not loo:
-        return Refit(model, base, strength, scores, hurt, None, None, None)
+        return done(None, None, None)
     on_fold = _fold_progress(len(runs), progress)
     if folds:
         progress(f"fitted in {fit_s:.0f} s; now {folds} folds held out in turn ({folds} refits on {workers} "
@@ -96,15 +102,16 @@ def refit(runs: list[MeasuredRun], profile: HardwareProfile, prior: float | str 
     if not np.isfinite(band.step_time_s.high_log):
         progress(f"no band: {len(held)} runs held out are too few to bound {band.level:.0%} of new runs")
         band = None
-    return Refit(model, base, strength, scores, hurt, held, report, band)
+    return done(held, report, band)
 
 
 def _chosen_prior_fit(runs: list[MeasuredRun], base: HardwareProfile, data_note: str, jobs: int, workers: int,
-                      progress: Callable[[str], None]) -> tuple[float, dict[float, float], ProfileFit, dict]:
+                      progress: Callable[[str], None]) -> PriorChoice:
     """The prior strength whose runs held out miss least, its scores, its fit and the models each strength
     hurt. Few runs of several models hold each model out whole, and a strength that predicts some model
-    worse than the pre-fit profile is not chosen; more runs, or runs of one model, are held out one by one
-    through the one fit's leverage (no model is judged apart there)."""
+    worse than the pre-fit profile is not chosen (constants that help alone are then released from it);
+    more runs, or runs of one model, are held out one by one through the one fit's leverage (no model is
+    judged apart there)."""
     models = [r.workload.arch.name for r in runs]
     by_model = len(runs) <= MAX_RUNS_HELD_OUT_BY_MODEL and len(set(models)) > 1
     grid = PRIOR_GRID_BY_GROUP if by_model else PRIOR_GRID
@@ -122,7 +129,8 @@ def _chosen_prior_fit(runs: list[MeasuredRun], base: HardwareProfile, data_note:
                            + f"prior strength chosen from {listed} by {chosen_by}")
     if by_model:
         return choose_prior_strength_by_group(runs, base, models, estimator=estimator, jobs=jobs)
-    return (*choose_prior_strength(runs, base, estimator=estimator, jobs=jobs), {})
+    strength, scores, model = choose_prior_strength(runs, base, estimator=estimator, jobs=jobs)
+    return PriorChoice(strength, scores, model, {})
 
 
 def to_stderr(message: str) -> None:

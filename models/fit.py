@@ -179,9 +179,14 @@ class ProfileFit:
     def __init__(self, parameters: tuple[FitParameter, ...] | None = None, prior_strength: float = 1e-3,
                  loss: str = "soft_l1", f_scale: float = 0.1, max_nfev: int | None = None, tol: float = 1e-8,
                  min_effect: float = 1e-3, uninformed: str = "keep", fit_memory: bool = True,
-                 energy_target: str = "power", data_note: str = ""):
+                 energy_target: str = "power", data_note: str = "", released: tuple[str, ...] = (),
+                 released_prior_strength: float = 1e-3):
         self.parameters = parameters
         self.prior_strength = prior_strength
+        # Constants held by `released_prior_strength` instead (models.held_out.release_constants): the
+        # prior per constant, where one strength for all kept every constant because some moved wrongly.
+        self.released = released
+        self.released_prior_strength = released_prior_strength
         self.loss = loss
         self.f_scale = f_scale
         self.max_nfev = max_nfev
@@ -194,7 +199,8 @@ class ProfileFit:
 
     def get_params(self) -> dict:
         return {k: getattr(self, k) for k in ("parameters", "prior_strength", "loss", "f_scale", "max_nfev", "tol",
-                                              "min_effect", "uninformed", "fit_memory", "energy_target", "data_note")}
+                                              "min_effect", "uninformed", "fit_memory", "energy_target", "data_note",
+                                              "released", "released_prior_strength")}
 
     def _residual_functions(self, runs: list[MeasuredRun]) -> dict[str, tuple[np.ndarray, Callable]]:
         """For "time" and "energy": (which runs have that measurement, residuals(profile) over them).
@@ -302,7 +308,8 @@ class ProfileFit:
         leverage = None
         if free.any():
             idx = np.flatnonzero(free)
-            prior_w = np.sqrt(self.prior_strength) if self.prior_strength > 0 else 0.0
+            prior_w = np.sqrt([self.released_prior_strength if stage[j].name in self.released else self.prior_strength
+                               for j in idx])
 
             def full(z):
                 x = x_final.copy()
@@ -387,7 +394,9 @@ class ProfileFit:
         notes = (f"Fitted by advisor fit on {date} from profile '{original.name}' ({p.kind}, {p.date}) to {n} measured "
                  f"runs{' from ' + self.data_note if self.data_note else ''} (their ids: fit.run_ids). Time constants "
                  "are fitted to step time, GPU power per phase to GPU energy (bounded log-ratio least squares, soft-L1 "
-                 f"loss, prior towards the starting values of strength {self.prior_strength:g}). "
+                 f"loss, prior towards the starting values of strength {self.prior_strength:g}"
+                 + (f"; {', '.join(self.released)} at {self.released_prior_strength:g}" if self.released else "")
+                 + "). "
                  + (f"Not informed by these runs, kept: {', '.join(kept)}. " if kept else "")
                  + "The values before the fit: fit.prefit.")
         provenance = p.model_copy(update={"kind": "fitted", "date": date, "notes": notes})

@@ -221,8 +221,37 @@ def test_a_prior_that_predicts_some_model_worse_than_before_the_fit_is_not_chose
                            "h100-x1-flow-2026-12-06.jsonl", "h100-x1-unseen-2026-12-06.jsonl") for r in _h100_runs(name)]
     base = prefit_profile(load_profile(str(Path(__file__).resolve().parents[2] / "data" / "calibration" / "h100"
                                            / "h100-steps-calibrated-refit-2026-12-06.json")))
-    chosen, scores, _, hurt = choose_prior_strength_by_group(runs, base, [r.workload.arch.name for r in runs],
-                                                             grid=(0.1, 100.0))
-    assert scores[0.1] < scores[100.0]  # the average alone would take the weaker
-    assert "qwen2.5-0.5b" in hurt[0.1] and hurt[100.0] == []
-    assert chosen == 100.0
+    choice = choose_prior_strength_by_group(runs, base, [r.workload.arch.name for r in runs], grid=(0.1, 100.0))
+    assert choice.scores[0.1] < choice.scores[100.0]  # the average alone would take the weaker
+    assert "qwen2.5-0.5b" in choice.hurt[0.1] and choice.hurt[100.0] == []
+    assert choice.strength == 100.0
+
+
+def test_a_constant_that_helps_every_model_held_out_is_released_from_a_prior_the_guard_kept_strong():
+    """29 H100 runs of eight models from the fifth lease's calibration: the guard keeps prior 10 (weaker ones
+    hurt the 0.5B model), which held SuperOffload's per-parameter price at its 0.6B step. Freed alone, it is
+    fitted on the 1.7B and 3B SuperOffload runs: every model held out comes out no worse, and the mean
+    better; a constant whose release helps nothing stays held."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from models.fit import ProfileFit, prefit_profile
+    from models.held_out import _log_errors, _predicted, _scored_by_group, release_constants
+    from models.profile import load_profile
+
+    runs = [r for name in ("h100-x1-calibration-steps-2026-12-06.jsonl", "h100-x1-derived-heldout-2026-12-06.jsonl",
+                           "h100-x1-flow-2026-12-06.jsonl", "h100-x1-unseen-2026-12-06.jsonl",
+                           "h100-x1-unseen-2-2026-12-06.jsonl") for r in _h100_runs(name)]
+    base = prefit_profile(load_profile(str(Path(__file__).resolve().parents[2] / "data" / "calibration" / "h100"
+                                           / "h100-steps-calibrated-lease5-2026-12-06.json")))
+    groups = [r.workload.arch.name for r in runs]
+    held = {g: {i for i, x in enumerate(groups) if x == g} for g in set(groups)}
+    before = {g: float(np.mean(_log_errors(_predicted(runs[i], base) for i in h))) for g, h in held.items()}
+    settings = {**ProfileFit().get_params(), "prior_strength": 10.0, "released_prior_strength": 1e-3}
+    [(held_strong, _)] = _scored_by_group(runs, base, held, [settings], jobs=1)
+    super_price = "overheads.super_offload_step_per_gparam"
+    released, score = release_constants(runs, base, held, before, settings,
+                                        [super_price, "overlap.compute_slowdown_with_collective"], held_strong)
+    assert released == (super_price,)  # no run here has a collective: nothing to gain by freeing that one
+    assert score < held_strong - 0.001
