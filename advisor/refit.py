@@ -118,7 +118,8 @@ def _chosen_prior_fit(runs: list[MeasuredRun], base: HardwareProfile, data_note:
     listed = ", ".join(f"{g:g}" for g in grid)
     if by_model:
         how = (f"each model's runs held out in turn ({len(set(models))} models), to keep the strength that misses "
-               "an unseen model least")
+               "an unseen model least; then each constant freed from it in turn where that helps (a fit per model "
+               "and constant: minutes for 30 runs)")
         chosen_by = ("the error of each model's runs fitted without them, among the strengths that predict no "
                      "model worse than before the fit")
     else:
