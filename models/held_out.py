@@ -232,13 +232,14 @@ def choose_prior_strength_by_group(runs: list[MeasuredRun], base_profile: Hardwa
     unhurt = [s for s in grid if not hurt[s]]
     best = min(unhurt, key=mean.get) if unhurt else max(grid)
     chosen = {**settings, "prior_strength": best, "released_prior_strength": min(grid)}
-    released, released_score = (), None
-    if best > min(grid):
-        at_best = ProfileFit(**chosen).fit(runs, base_profile)
-        candidates = [p.name for p in at_best.parameters_.values() if p.kind == "time" and p.informed]
-        released, released_score = release_constants(runs, base_profile, held, before, chosen, candidates,
-                                                      mean[best], jobs, warm=at_best.values_)
-    fit = ProfileFit(**{**chosen, "released": released}).fit(runs, base_profile)
+    fit = ProfileFit(**chosen).fit(runs, base_profile)
+    if best == min(grid):  # nothing weaker to free a constant to
+        return PriorChoice(best, mean, fit, hurt)
+    candidates = [p.name for p in fit.parameters_.values() if p.kind == "time" and p.informed]
+    released, released_score = release_constants(runs, base_profile, held, before, chosen, candidates, mean[best],
+                                                  jobs, warm=fit.values_)
+    if released:
+        fit = ProfileFit(**{**chosen, "released": released}).fit(runs, base_profile)
     return PriorChoice(best, mean, fit, hurt, released, released_score)
 
 
@@ -272,10 +273,9 @@ def release_constants(runs: list[MeasuredRun], base_profile: HardwareProfile, he
     group and candidate, minutes for 30 runs. Returns the released names and the held-out mean with them
     (None: none)."""
     released: tuple[str, ...] = ()
-    kept_score = None
     for name in candidates:
         trial = (*released, name)
         [(m, by_group)] = _scored_by_group(runs, base_profile, held, [{**settings, "released": trial}], jobs, warm)
         if m < score - RELEASE_MIN_GAIN_LOG and not any(by_group[g] > before[g] + GROUP_GUARD_LOG for g in held):
-            released, score, kept_score = trial, m, m
-    return released, kept_score
+            released, score = trial, m
+    return released, (score if released else None)

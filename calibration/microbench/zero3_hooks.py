@@ -65,7 +65,7 @@ def _engine(stage: int, arch, device: torch.device):
             with deepspeed.zero.Init(config_dict_or_path=cfg):
                 model = Stack(arch)
         else:
-            with device:  # initialised where it runs: on the host, one thread, seconds a preset
+            with device:  # initialised where it runs (on the host, one thread, it took seconds a preset)
                 model = Stack(arch)
     finally:
         torch.set_default_dtype(default)

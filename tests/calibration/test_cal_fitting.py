@@ -1,5 +1,4 @@
 """Alpha-beta fits and curve building recover what synthetic data was made from."""
-import json
 from pathlib import Path
 
 import numpy as np
@@ -148,11 +147,11 @@ def test_the_gaps_timed_fit_the_decay_the_stored_calibrations_fitted_from_all_th
     must give the same decay from the same windows."""
     from calibration.fitting import fit_wait_decay
     from calibration.microbench.wait_decay import GAPS_S
+    from calibration.rawlog import read_raw
 
-    rows = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
-    decays = [r["data"]["series"] for r in rows if r.get("key") == "wait_decay" and r.get("status") == "ok"]
-    assert decays
-    for series in decays:
-        every = fit_wait_decay(series, 124.0)
-        timed = fit_wait_decay([s for s in series if s["gap_s"] in GAPS_S], 124.0)
-        assert timed.decay_s == pytest.approx(every.decay_s, rel=0.01)
+    decay = read_raw(raw)[1]["wait_decay"]
+    assert decay.status == "ok"
+    series = decay.data["series"]
+    every = fit_wait_decay(series, 124.0)
+    timed = fit_wait_decay([s for s in series if s["gap_s"] in GAPS_S], 124.0)
+    assert timed.decay_s == pytest.approx(every.decay_s, rel=0.01)
