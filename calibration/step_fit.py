@@ -82,7 +82,7 @@ def fit_to_steps(profile_data: dict, results: dict[str, RawResult]) -> StepFit |
         return None
     note = f"the {len(runs)} DeepSpeed steps of this calibration (family {FAMILY})"
     strength, _, model = choose_prior_strength(
-        runs, profile, estimator=ProfileFit(parameters=terms, fit_memory=False, data_note=note))
+        runs, profile, estimator=ProfileFit(parameters=terms, fit_memory=False, data_note=note), whole_grid=True)
     fitted = {name: f for name, f in model.parameters_.items() if f.informed}
     sources = {name: (f"fitted: {f.value:.4g}{'' if f.std is None else f' +- {f.std:.3g}'} by least squares to the "
                       f"step time of {note}, prior strength {strength:g} toward the value it was "

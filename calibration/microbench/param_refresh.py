@@ -52,10 +52,10 @@ def bench_refresh(ctx: BenchContext, path: str, threads: int) -> dict:
     if path == "direct" and not ctx.is_cuda:
         raise Skip("no device on the CPU path: the direct upload needs one")
     n = refresh_params(ctx.sizes.quick, not ctx.is_cuda)
+    master = ramp(n)  # filled on all the cores: on one thread that took longer than what is timed
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        master = ramp(n)
         if path == "cast":
             dst = torch.empty(n, dtype=torch.bfloat16, pin_memory=ctx.is_cuda)
         else:

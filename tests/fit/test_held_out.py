@@ -86,6 +86,9 @@ def test_cross_validation_prefers_the_prior_that_predicts_held_out_runs(small_sp
     # once the error rises, stronger priors are not tried
     walked = choose_prior_strength(runs, base, grid=(1e-3, 10.0, 100.0))
     assert list(walked[1]) == [1e-3, 10.0] and walked[0] == best
+    # unless the whole grid is asked for (a calibration's few steps): each is tried, the least error kept
+    every = choose_prior_strength(runs, base, grid=(1e-3, 10.0, 100.0), whole_grid=True)
+    assert list(every[1]) == [1e-3, 10.0, 100.0] and every[0] == min(every[1], key=every[1].get)
 
 
 def test_leverage_corrected_residuals_track_exact_leave_one_out(small_specs, base):
