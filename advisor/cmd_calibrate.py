@@ -57,7 +57,7 @@ def _forwarded(out, name, quick, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu_idle
 def calibrate(quick, out, name, gpus, fresh, cpu_adam, fill_from, cpu_tdp_w, cpu_idle_w, only):
     """Measure this node's GPUs, host link, CPU optimizer, collectives, overlap and power; write a profile.
 
-    About 6 minutes on one H100, real DeepSpeed steps of each one-GPU family included (DeepSpeed's
+    About 5.5-6 minutes on one H100, real DeepSpeed steps of each one-GPU family included (DeepSpeed's
     overheads are fitted to them); 3.5 on 2 H200s, which time collectives instead of steps. Without
     a GPU it runs the same benchmarks on the CPU (gloo, small sizes, no power meter: about a minute
     on 2 cores) and writes a profile marked

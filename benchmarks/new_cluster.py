@@ -6,8 +6,8 @@ flow produced, against each set of real runs, as is (no refit here).
 Profiles: the calibration without steps (carried overheads), the calibration with its DeepSpeed steps as the
 device wrote it, the same steps fitted again with today's code (lab/refit_calibration_steps.py), `recommend
 --validate --refit` of the flow's runs as the device wrote it and again with today's code (from the steps
-fitted again; the prior chosen by holding each model out), the calibrations of a third and a fifth lease (the
-fifth's by the code that cut it to 345 s), and the shipped h100. Run sets (data/runs/h100): the seven short
+fitted again; the prior chosen by holding each model out), the calibrations of a third, a fifth and a sixth lease (the
+fifth's by the code that cut it to 345 s, the sixth's to 330 s), and the shipped h100. Run sets (data/runs/h100): the seven short
 steps and seven held-out runs of the first lease (each its own process), the flow's runs (predicted before
 they ran by the calibration with steps), five settings none of those had (ZeRO-3 offload at 3B, SuperOffload;
 predicted before they ran), and five more (ZeRO-3 offload at 1.1-4B, SuperOffload at 3B; run on the fifth
@@ -43,6 +43,7 @@ PROFILES = {
     "third lease's calibration (as written)": CAL / "h100-steps-calibrated-lease3-2026-12-06.json",
     "third lease's calibration (fitted again)": CAL / "h100-steps-calibrated-lease3-refit-2026-12-06.json",
     "fifth lease's calibration (345 s)": CAL / "h100-steps-calibrated-lease5-2026-12-06.json",
+    "sixth lease's calibration (330 s)": CAL / "h100-steps-calibrated-lease6-2026-12-06.json",
     "shipped h100": "h100",
 }
 RUN_SETS = {

@@ -31,9 +31,11 @@ def sizes_for(quick: bool, cpu: bool) -> Sizes:
         return Sizes(quick=quick, cpu=True, batch_target_s=0.02, batches=3, power_window_s=0.5)
     if quick:
         return Sizes(quick=True, cpu=False, batch_target_s=0.03, batches=3, power_window_s=2.0)
-    # Three batches and 2-s energy windows, not five and 3 s: in one lease the old sizes, run after the new
-    # ones, moved the profile's predictions by at most AB_PENDING (docs/MEASUREMENTS.md, 2026-12-06).
-    return Sizes(quick=False, cpu=False, batch_target_s=0.05, batches=3, power_window_s=2.0)
+    # Three timed batches, not five: on a lent H100 the GEMM, attention and copy rates at three came out within
+    # 0.5% of five's (medians over their shapes), and the profile's time error on 29 H100 runs moved by 0.04
+    # points. Energy windows stay 3 s: at 2 s the dense phase read 674 W against 700 W (its cap) at 3 s, and
+    # the wait decay 44 ms against 29 ms (lab/calibration_sizes_ab.py, docs/MEASUREMENTS.md, 2026-12-06).
+    return Sizes(quick=False, cpu=False, batch_target_s=0.05, batches=3, power_window_s=3.0)
 
 
 @dataclass
