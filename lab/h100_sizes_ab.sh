@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # After lab/h100_calibrate_flow.sh's calibrate on the same warm machine: the families that time batches or
-# energy windows measured again, at the old sizes (five batches, 3-s windows) and at today's (three, 2 s),
+# energy windows measured again, at the old sizes (five batches, 3-s windows) and at the ones tried (three, 2 s),
 # each resumed from that calibration's raw file (lab/calibration_sizes_ab.py), so that the two profiles
 # differ only in those families. Then the flow's other steps with what is left of the budget.
 #   bash lab/h100_sizes_ab.sh BUDGET_S [FLOW_STEP ...]

@@ -86,8 +86,8 @@ def thread_counts(cores: int) -> list[int]:
 @dataclass
 class _AdamState:
     """The parameters and optimizer the CPU Adam items share. Allocated and first touched by each item
-    anew, 4 GiB of them cost 1.5-3.5 s an item (more at fewer threads), 11 of the two families' 20 s on a
-    lent H100 host (2026-12-06); what is timed, a step over the same memory, is the same."""
+    anew, 4 GiB of them cost 1.5-3.5 s an item (more at fewer threads): the two families took 20.6 s on a
+    lent H100 host, and 9.9 s sharing them (2026-12-06). What is timed, a step over the same memory, is the same."""
 
     optimizer: object
     kind: str
