@@ -30,8 +30,8 @@ def main() -> int:
     p.add_argument("--power-window-s", type=float, required=True)
     p.add_argument("--family", action="append", required=True, help="a family to measure again")
     a = p.parse_args()
-    kept = [line for line in a.source.read_text().splitlines()
-            if json.loads(line).get("family") not in set(a.family)]
+    again = set(a.family)
+    kept = [line for line in a.source.read_text().splitlines() if json.loads(line).get("family") not in again]
     raw_path_for(a.out).write_text("\n".join(kept) + "\n")
     original = calibrate.sizes_for
 

@@ -225,9 +225,7 @@ def choose_prior_strength_by_group(runs: list[MeasuredRun], base_profile: Hardwa
     Where every strength hurts a group, the strongest is taken. The guard judges all constants together,
     so one constant that moves wrongly holds back the others: `release_constants` then frees them one by one."""
     settings = (estimator or ProfileFit()).get_params()
-    held = {name: {i for i, g in enumerate(groups) if g == name} for name in sorted(set(groups))}
-    before = {name: float(np.mean(_log_errors(_predicted(runs[i], base_profile) for i in sorted(h))))
-              for name, h in held.items()}
+    held, before = groups_before_fit(runs, base_profile, groups)
     scored = _scored_by_group(runs, base_profile, held, [{**settings, "prior_strength": s} for s in grid], jobs)
     mean = {s: m for s, (m, _) in zip(grid, scored)}
     hurt = {s: [g for g in held if by_group[g] > before[g] + GROUP_GUARD_LOG] for s, (_, by_group) in zip(grid, scored)}
@@ -243,6 +241,16 @@ def choose_prior_strength_by_group(runs: list[MeasuredRun], base_profile: Hardwa
     if released:
         fit = ProfileFit(**{**chosen, "released": released}).fit(runs, base_profile)
     return PriorChoice(best, mean, fit, hurt, released, released_score)
+
+
+def groups_before_fit(runs: list[MeasuredRun], base_profile: HardwareProfile, groups: list[str]
+                      ) -> tuple[dict[str, set[int]], dict[str, float]]:
+    """Each group's run indices, and its runs' mean |log error| (step time and GPU energy) by `base_profile`:
+    what the guard holds a fit without the group to."""
+    held = {name: {i for i, g in enumerate(groups) if g == name} for name in sorted(set(groups))}
+    before = {name: float(np.mean(_log_errors(_predicted(runs[i], base_profile) for i in sorted(h))))
+              for name, h in held.items()}
+    return held, before
 
 
 def _scored_by_group(runs: list[MeasuredRun], base_profile: HardwareProfile, held: dict[str, set[int]],

@@ -100,9 +100,9 @@ _SHARED_ADAM: dict[tuple[int, str], _AdamState] = {}
 
 def _adam_state(ctx: BenchContext, n: int) -> _AdamState:
     """The shared state for `n` parameters, built on all the host's cores at first use."""
-    kind, why = choose_optimizer(ctx)
     key = (n, ctx.cpu_adam)
     if key not in _SHARED_ADAM:
+        kind, why = choose_optimizer(ctx)
         p = torch.nn.Parameter(ramp(n))
         p.grad = ramp(n, 1e-3)
         try:

@@ -237,10 +237,8 @@ def test_a_constant_that_helps_every_model_held_out_is_released_from_a_prior_the
     better; a constant whose release helps nothing stays held."""
     from pathlib import Path
 
-    import numpy as np
-
     from models.fit import ProfileFit, prefit_profile
-    from models.held_out import _log_errors, _predicted, _scored_by_group, release_constants
+    from models.held_out import _scored_by_group, groups_before_fit, release_constants
     from models.profile import load_profile
 
     runs = [r for name in ("h100-x1-calibration-steps-2026-12-06.jsonl", "h100-x1-derived-heldout-2026-12-06.jsonl",
@@ -248,9 +246,7 @@ def test_a_constant_that_helps_every_model_held_out_is_released_from_a_prior_the
                            "h100-x1-unseen-2-2026-12-06.jsonl") for r in _h100_runs(name)]
     base = prefit_profile(load_profile(str(Path(__file__).resolve().parents[2] / "data" / "calibration" / "h100"
                                            / "h100-steps-calibrated-lease5-2026-12-06.json")))
-    groups = [r.workload.arch.name for r in runs]
-    held = {g: {i for i, x in enumerate(groups) if x == g} for g in set(groups)}
-    before = {g: float(np.mean(_log_errors(_predicted(runs[i], base) for i in h))) for g, h in held.items()}
+    held, before = groups_before_fit(runs, base, [r.workload.arch.name for r in runs])
     settings = {**ProfileFit().get_params(), "prior_strength": 10.0, "released_prior_strength": 1e-3}
     [(held_strong, _)] = _scored_by_group(runs, base, held, [settings], jobs=1)
     super_price = "overheads.super_offload_step_per_gparam"
